@@ -1,0 +1,1 @@
+"""ONNX builders for the embedding lab: each returns a checked onnx.ModelProto."""

@@ -1,0 +1,1 @@
+"""Run the lab's graphs in onnxruntime and check them against the reference in embed.py."""
