@@ -1,0 +1,228 @@
+"""One builder per graph: each returns a checked onnx.ModelProto that reads well in Netron."""
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+import embed
+from graphs.storage import fits_inline
+
+OPSET = 21  # every operator here is in the default domain; opset 21 is what onnxruntime 1.32 runs natively
+IR_VERSION = 10
+FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def as_table(table, name="table"):
+    """A C-contiguous float32 [vocab, width] array from a list of rows or an array (float32 arrays are not copied)."""
+    if isinstance(table, np.ndarray):
+        if table.ndim != 2 or 0 in table.shape:
+            raise ValueError(f"{name} must be a non-empty 2-D array, got shape {table.shape}")
+        if table.dtype != np.float32:
+            raise TypeError(f"{name} must be float32, got {table.dtype}")
+        return np.ascontiguousarray(table)
+    embed.shape(table)  # the reference's checks: non-empty, rectangular
+    return np.asarray(table, dtype=np.float32)
+
+
+def _value(name, elem_type, dims):
+    return helper.make_tensor_value_info(name, elem_type, dims)
+
+
+def _node(op, inputs, outputs, name, doc, **attrs):
+    return helper.make_node(op, inputs, outputs, name=name, doc_string=doc, **attrs)
+
+
+def _weight(array, name, doc):
+    """(name, array, doc): the model is given its tensors in place (see _model), so tables past 2 GiB fit."""
+    return name, array, doc
+
+
+def _const(values, name, dtype, doc):
+    return _weight(np.asarray(values, dtype=dtype), name, doc)
+
+
+def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, width, tied, tables):
+    """Assemble, tag and check a model; `tables` is how many vocab x width tensors it holds.
+
+    The graph is filled in place rather than through make_graph/make_model, which copy their
+    arguments by serializing them and so fail for a tensor of 2 GiB or more.
+    """
+    model = helper.make_model(helper.make_graph(nodes, graph_name, inputs, outputs, doc_string=doc,
+                                                value_info=value_info),
+                              opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="embedding-onnx-lab", doc_string=doc)
+    model.ir_version = IR_VERSION
+    for name, array, weight_doc in weights:
+        tensor = model.graph.initializer.add()
+        tensor.name, tensor.doc_string = name, weight_doc
+        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        tensor.dims.extend(array.shape)
+        tensor.raw_data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    helper.set_model_props(model, {
+        "graph": graph_name,
+        "vocab_size": str(vocab),
+        "width": str(width),
+        "tied": "true" if tied else "false",
+        "parameter_count": str(tables * vocab * width),  # values in vocab x width tables, shared ones once
+    })
+    if fits_inline(model):  # past 2 GiB the checker cannot take it in memory; graphs.save checks the file
+        onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _embedding(table, tied=False):
+    shared = "; tied: also the output head's weight (node lm_head_tied, Gemm input B)" if tied else ""
+    return _weight(table, "embedding", "the embedding table [vocab, width]: row t is token t's vector" + shared)
+
+
+def _lookup_node(output="embeddings"):
+    return _node("Gather", ["embedding", "ids"], [output], "lookup",
+                 "embedding[ids]: copies one row per id, no multiplications; a negative id wraps, "
+                 "one >= vocab is an error (the runner refuses both first)", axis=0)
+
+
+IDS = ["batch", "seq"]
+
+
+def gather_lookup(table):
+    """ids [batch, seq] -> embeddings [batch, seq, width] by Gather: the lookup."""
+    table = as_table(table)
+    vocab, width = table.shape
+    return _model(
+        "gather_lookup", "Token ids to vectors by pulling rows out of the table (Gather).",
+        [_lookup_node()],
+        [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
+        [_embedding(table)], [], vocab, width, tied=False, tables=1)
+
+
+def onehot_lookup(table):
+    """ids -> embeddings as one_hot(ids) @ embedding: the same rows, vocab*width products per id."""
+    table = as_table(table)
+    vocab, width = table.shape
+    nodes = [
+        _node("OneHot", ["ids", "depth", "off_on"], ["one_hot"], "one_hot",
+              "a vocab-long row of 0.0 with 1.0 at the id; a negative id wraps, "
+              "one >= vocab gives an all-zero row (the runner refuses both first)", axis=-1),
+        _node("MatMul", ["one_hot", "embedding"], ["embeddings"], "select_rows",
+              "one_hot @ embedding: every row times 0 or 1 and summed, so exactly the looked-up row"),
+    ]
+    consts = [_const([vocab], "depth", np.int64, "OneHot depth: the vocabulary size"),
+              _const([0.0, 1.0], "off_on", np.float32, "OneHot values: [off, on]")]
+    return _model(
+        "onehot_lookup", "Token ids to vectors by multiplying one-hot rows with the table (OneHot + MatMul).",
+        nodes, [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
+        [_embedding(table)] + consts, [_value("one_hot", FLOAT, IDS + [vocab])],
+        vocab, width, tied=False, tables=1)
+
+
+def _logits(table, head, tied):
+    """The lookup plus a head that scores `hidden` against every row of `head` (Gemm with transB=1)."""
+    vocab, width = table.shape
+    head_name = "embedding" if tied else "lm_head"
+    head_doc = ("logits = hidden @ embedding^T: the SAME initializer the lookup reads (weight tying); "
+                "Gemm's transB reads it in place, so no transposed copy is made" if tied else
+                "logits = hidden @ lm_head^T: a second vocab x width table, untied from the embedding")
+    nodes = [
+        _lookup_node(),
+        _node("Reshape", ["hidden", "rows_shape"], ["hidden_rows"], "flatten",
+              "[batch, seq, width] -> [batch*seq, width]: Gemm takes 2-D operands"),
+        _node("Gemm", ["hidden_rows", head_name], ["logits_rows"], "lm_head_tied" if tied else "lm_head", head_doc,
+              transB=1),
+        _node("Shape", ["hidden"], ["batch_seq"], "batch_seq", "[batch, seq] of the hidden input", start=0, end=2),
+        _node("Concat", ["batch_seq", "vocab_dim"], ["logits_shape"], "logits_shape", "[batch, seq, vocab]",
+              axis=0),
+        _node("Reshape", ["logits_rows", "logits_shape"], ["logits"], "unflatten",
+              "[batch*seq, vocab] -> [batch, seq, vocab]"),
+    ]
+    initializers = [_embedding(table, tied)]
+    if not tied:
+        initializers.append(_weight(head, "lm_head", "the output head [vocab, width]: a table of its own"))
+    initializers += [_const([-1, width], "rows_shape", np.int64, "[-1, width]"),
+                     _const([vocab], "vocab_dim", np.int64, "[vocab]")]
+    name = "tied_logits" if tied else "untied_logits"
+    doc = ("Lookup and output head sharing one table (weight tying): one vocab x width tensor, used twice."
+           if tied else "Lookup and output head with separate tables: two vocab x width tensors.")
+    return _model(
+        name, doc, nodes,
+        [_value("ids", INT64, IDS), _value("hidden", FLOAT, IDS + [width])],
+        [_value("embeddings", FLOAT, IDS + [width]), _value("logits", FLOAT, IDS + [vocab])],
+        initializers,
+        [_value("hidden_rows", FLOAT, ["batch*seq", width]), _value("logits_rows", FLOAT, ["batch*seq", vocab]),
+         _value("batch_seq", INT64, [2]), _value("logits_shape", INT64, [3])],
+        vocab, width, tied=tied, tables=1 if tied else 2)
+
+
+def tied_logits(table):
+    """ids -> embeddings and hidden -> logits, both from the one `embedding` initializer."""
+    table = as_table(table)
+    return _logits(table, table, tied=True)
+
+
+def untied_logits(table, head):
+    """ids -> embeddings from `embedding`; hidden -> logits from a separate `lm_head` of the same shape."""
+    table, head = as_table(table), as_table(head, "head")
+    if head.shape != table.shape:
+        raise ValueError(f"head shape {head.shape} must equal the table's {table.shape}")
+    return _logits(table, head, tied=False)
+
+
+def scaled_lookup(table):
+    """ids -> embeddings * sqrt(width): the lookup the Transformer paper scales."""
+    table = as_table(table)
+    vocab, width = table.shape
+    nodes = [
+        _lookup_node("rows"),
+        _node("Mul", ["rows", "sqrt_width"], ["embeddings"], "scale",
+              f"rows * sqrt({width}): every length grows sqrt(width) times, no direction changes"),
+    ]
+    scale = _const(math.sqrt(width), "sqrt_width", np.float32, f"sqrt({width}) rounded to float32")
+    return _model(
+        "scaled_lookup", "Lookup then multiply by sqrt(width).", nodes,
+        [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
+        [_embedding(table), scale], [_value("rows", FLOAT, IDS + [width])], vocab, width, tied=False, tables=1)
+
+
+def neighbors(table, metric="cosine"):
+    """ids [n], k [1] -> the k nearest other tokens by cosine or dot: indices [n, k], scores [n, k]."""
+    if metric not in ("cosine", "dot"):
+        raise ValueError(f"unknown metric {metric!r}: use 'cosine' or 'dot'")
+    table = as_table(table)
+    vocab, width = table.shape
+    nodes = [
+        _lookup_node("queries"),
+        _node("Gemm", ["queries", "embedding"], ["dots"], "dots", "queries @ embedding^T: [n, vocab]", transB=1),
+    ]
+    value_info = [_value("queries", FLOAT, ["n", width]), _value("dots", FLOAT, ["n", vocab])]
+    consts = [_const([vocab], "depth", np.int64, "OneHot depth: the vocabulary size"),
+              _const([0.0, -np.inf], "off_self", np.float32, "added to each score: -inf on the query itself"),
+              _const([vocab - 1], "others", np.int64, "at most vocab - 1 other tokens")]
+    scores = "dots"
+    if metric == "cosine":
+        nodes += [
+            _node("ReduceL2", ["embedding", "width_axis"], ["norms"], "norms", "|row| for every token", keepdims=0),
+            _node("Gather", ["norms", "ids"], ["query_norms"], "query_norms", "|query|", axis=0),
+            _node("Unsqueeze", ["query_norms", "width_axis"], ["query_norms_col"], "as_column", "[n] -> [n, 1]"),
+            _node("Mul", ["query_norms_col", "norms"], ["norm_products"], "norm_products", "|query| * |row|"),
+            _node("Div", ["dots", "norm_products"], ["cosines"], "cosine", "dot / (|query| |row|): direction only"),
+        ]
+        value_info += [_value("norms", FLOAT, [vocab]), _value("query_norms", FLOAT, ["n"]),
+                       _value("query_norms_col", FLOAT, ["n", 1]), _value("norm_products", FLOAT, ["n", vocab]),
+                       _value("cosines", FLOAT, ["n", vocab])]
+        consts.append(_const([1], "width_axis", np.int64, "the width axis"))
+        scores = "cosines"
+    nodes += [
+        _node("OneHot", ["ids", "depth", "off_self"], ["self_mask"], "self_mask", "-inf at each query's own id",
+              axis=-1),
+        _node("Add", [scores, "self_mask"], ["others_scores"], "exclude_self", "the query sorts last"),
+        _node("Min", ["k", "others"], ["k_used"], "clamp_k", "k larger than vocab - 1 gives all vocab - 1"),
+        _node("TopK", ["others_scores", "k_used"], ["scores", "indices"], "top_k",
+              "best first; equal scores in id order, lower id first", axis=-1, largest=1, sorted=1),
+    ]
+    value_info += [_value("self_mask", FLOAT, ["n", vocab]), _value("others_scores", FLOAT, ["n", vocab]),
+                   _value("k_used", INT64, [1])]
+    return _model(
+        f"neighbors_{metric}", f"The k tokens nearest each query by {metric}, the query itself excluded.",
+        nodes, [_value("ids", INT64, ["n"]), _value("k", INT64, [1])],
+        [_value("indices", INT64, ["n", "k"]), _value("scores", FLOAT, ["n", "k"])],
+        [_embedding(table)] + consts, value_info, vocab, width, tied=False, tables=1)

@@ -1,0 +1,57 @@
+"""python -m graphs.export DIR: write the lab's seven graphs as .onnx files, ready to open in Netron."""
+import argparse
+import os
+import sys
+
+from graphs.builders import (gather_lookup, neighbors, onehot_lookup, scaled_lookup, tied_logits,
+                             untied_logits)
+from graphs.storage import data_path, save
+from graphs.table import make_table
+
+FILES = ["gather_lookup.onnx", "onehot_lookup.onnx", "tied_logits.onnx", "untied_logits.onnx",
+         "scaled_lookup.onnx", "neighbors_cosine.onnx", "neighbors_dot.onnx"]
+
+
+def build_all(vocab_size, width, seed):
+    """{file name: model} for every graph; the table is embed.make_table(V, D, S), the untied head seed S+1."""
+    table = make_table(vocab_size, width, seed)
+    head = make_table(vocab_size, width, seed + 1)
+    models = [gather_lookup(table), onehot_lookup(table), tied_logits(table), untied_logits(table, head),
+              scaled_lookup(table), neighbors(table, "cosine"), neighbors(table, "dot")]
+    return dict(zip(FILES, models))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv=None):
+    parser = _Parser(prog="python -m graphs.export", description=__doc__.split(": ", 1)[1])
+    parser.add_argument("dir", metavar="DIR", help="folder to write into (created if missing)")
+    parser.add_argument("--vocab-size", type=int, default=256, help="rows in the table (default 256)")
+    parser.add_argument("--width", type=int, default=32, help="values per row (default 32)")
+    parser.add_argument("--seed", type=int, default=0, help="table seed; the untied head uses seed+1 (default 0)")
+    parser.add_argument("--force", action="store_true", help="replace files that already exist")
+    args = parser.parse_args(argv)
+    if os.path.exists(args.dir) and not os.path.isdir(args.dir):
+        parser.error(f"{args.dir} exists and is not a folder")
+    if args.vocab_size < 2 or args.width < 1:
+        parser.error(f"--vocab-size must be >= 2 and --width >= 1, got {args.vocab_size} and {args.width}")
+    paths = [os.path.join(args.dir, name) for name in FILES]
+    taken = [p for p in paths + [data_path(p) for p in paths] if os.path.lexists(p)]
+    if taken and not args.force:
+        parser.error(f"{taken[0]} exists (and {len(taken) - 1} more); use --force to replace")
+    try:
+        os.makedirs(args.dir, exist_ok=True)
+        for path, model in zip(paths, build_all(args.vocab_size, args.width, args.seed).values()):
+            for written in save(model, path, overwrite=args.force):
+                print(f"{written}  {os.path.getsize(written)} bytes")
+    except OSError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
