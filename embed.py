@@ -209,11 +209,13 @@ def scale_sqrt_d(table):
     return [[v * scale for v in row] for row in table]
 
 
-def stretch_to_lead(table, query, token):
+def stretch_to_lead(table, query, token, beat_query=False):
     """The smallest power-of-two factor > 1 after which `token` leads `query`'s dot list, or None.
 
-    None when dot(query, token) <= 0: stretching a row that points away from the query only
-    pushes it further down. Powers of two keep float32 values exact.
+    With beat_query=True it must also beat the query's own score, |query|^2: what it takes to top
+    the tied head's logits for hidden = the query's row. None when dot(query, token) <= 0:
+    stretching a row that points away from the query only pushes it further down. Powers of two
+    keep float32 values exact.
     """
     vocab, _ = shape(table)
     _check_id(query, vocab, "query")
@@ -223,7 +225,8 @@ def stretch_to_lead(table, query, token):
     score = dot(table[token], table[query])
     if score <= 0:
         return None
-    best = max(dot(row, table[query]) for t, row in enumerate(table) if t not in (query, token))
+    rivals = [t for t in range(vocab) if t != token and (beat_query or t != query)]
+    best = max((dot(table[t], table[query]) for t in rivals), default=0.0)
     factor = 2.0
     while factor * score <= best:  # strictly above the best other score: it leads whatever the ids
         factor *= 2.0

@@ -1,0 +1,82 @@
+"""One onnxruntime session per model, with the id check ONNX itself does not make."""
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+# Measured (see BENCHMARKS.md): with prepacking on, a tied weight read by Gather and Gemm is kept twice,
+# once as the table and once packed for the Gemm; off, the session holds the one table.
+SESSION_CONFIG = {"session.disable_prepacking": "1"}
+
+
+def session_options(optimized_model_path=None):
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only: the optimized-model warning is expected here
+    for key, value in SESSION_CONFIG.items():
+        options.add_session_config_entry(key, value)
+    if optimized_model_path is not None:
+        options.optimized_model_filepath = os.fspath(optimized_model_path)
+    return options
+
+
+def vocab_size_of(model):
+    """The model's vocabulary: its `vocab_size` metadata, else the rows of the table a Gather reads `ids` from."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    if meta.get("vocab_size", "").isdigit():
+        return int(meta["vocab_size"])
+    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == "ids" and node.input[0] in shapes:
+            return shapes[node.input[0]][0]
+    return None
+
+
+def check_ids(ids, vocab_size, name="ids"):
+    """`ids` as int64, or a one-line ValueError: Gather would wrap a negative id, OneHot zero an out-of-range one."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be an integer array, got dtype {ids.dtype}")
+    if vocab_size is not None and ids.size:
+        bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+        if bad.size:
+            where = np.unravel_index(bad[0], ids.shape)
+            raise ValueError(f"{name}: id {ids[where]} at position {tuple(int(i) for i in where)} "
+                             f"is out of range [0, {vocab_size})")
+    return ids.astype(np.int64, copy=False)
+
+
+class Runner:
+    """A session for a ModelProto or a path; run(feeds) -> {output name: array}."""
+
+    def __init__(self, model, optimized_model_path=None):
+        options = session_options(optimized_model_path)
+        if isinstance(model, onnx.ModelProto):
+            proto, source = model, model.SerializeToString()
+        else:
+            path = os.fspath(model)
+            proto, source = onnx.load(path, load_external_data=False), path
+        self.vocab_size = vocab_size_of(proto)
+        self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, feeds, outputs=None):
+        unknown = sorted(set(feeds) - set(self.input_names))
+        if unknown:
+            raise ValueError(f"unknown input {unknown[0]!r}; the model takes {self.input_names}")
+        feeds = dict(feeds)
+        if "ids" in feeds:
+            feeds["ids"] = check_ids(feeds["ids"], self.vocab_size)
+        if "k" in feeds:
+            feeds["k"] = check_ids(feeds["k"], None, "k")
+            if (feeds["k"] < 0).any():
+                raise ValueError(f"k must be >= 0, got {feeds['k'].tolist()}")
+        names = list(outputs or self.output_names)
+        return dict(zip(names, self.session.run(names, feeds)))
+
+
+def run(model, feeds):
+    """Runner(model).run(feeds) in one call."""
+    return Runner(model).run(feeds)
