@@ -357,9 +357,13 @@ CHECKS = [check_table, check_gather, check_onehot, check_tied, check_untied, che
           check_scaled, check_self_score]
 
 
+class UsageError(Exception):
+    """Bad usage or input: one line on stderr, exit 2."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        raise UsageError(f"{self.prog}: error: {message}")
 
 
 def _id_list(text):
@@ -423,7 +427,11 @@ def _write_json(path, data):
 
 
 def main(argv=None):
-    args = parse(argv)
+    try:
+        args = parse(argv)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
     report = sys.stderr if args.json == "-" else sys.stdout
     with tempfile.TemporaryDirectory(prefix="onnx-lab-compare-") as folder:
         lab = Lab(args, folder)

@@ -1,0 +1,151 @@
+"""The runner's id checks, and runtime.compare: passes on the defaults, fails on a wrong graph or reference."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import embed
+import graphs
+import graphs.export
+import runtime
+from runtime import compare
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TABLE = graphs.make_table(50, 8, seed=3)
+SMALL = ["--vocab-size", "300", "--width", "24"]
+
+
+# --- Runner ---------------------------------------------------------------------------------------------
+
+def test_runner_from_proto_and_from_path(tmp_path):
+    model = graphs.gather_lookup(TABLE)
+    path = tmp_path / "g.onnx"
+    graphs.save(model, path)
+    ids = np.array([[4, 49, 0]])
+    for source in (model, path, str(path)):
+        out = runtime.Runner(source).run({"ids": ids})
+        assert list(out) == ["embeddings"]
+        assert np.array_equal(out["embeddings"].view(np.uint32), TABLE[ids].view(np.uint32))
+    assert np.array_equal(runtime.run(model, {"ids": ids.astype(np.int32)})["embeddings"], TABLE[ids])
+
+
+@pytest.mark.parametrize("build", [graphs.gather_lookup, graphs.onehot_lookup, graphs.scaled_lookup])
+@pytest.mark.parametrize("ids, message", [([[1, -1]], r"id -1 at position \(0, 1\) is out of range \[0, 50\)"),
+                                          ([[50]], r"id 50 at position \(0, 0\) is out of range \[0, 50\)"),
+                                          ([[1.0]], "integer array, got dtype float64")])
+def test_runner_refuses_bad_ids_before_onnxruntime(build, ids, message):
+    runner = runtime.Runner(build(TABLE))
+    with pytest.raises(ValueError, match=message) as error:
+        runner.run({"ids": np.array(ids)})
+    assert "\n" not in str(error.value)
+
+
+def test_runner_refuses_negative_k_and_unknown_inputs():
+    runner = runtime.Runner(graphs.neighbors(TABLE, "dot"))
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        runner.run({"ids": np.array([1]), "k": np.array([-2])})
+    with pytest.raises(ValueError, match="unknown input 'hidden'"):
+        runner.run({"ids": np.array([1]), "hidden": np.zeros(8)})
+
+
+# --- compare --------------------------------------------------------------------------------------------
+
+def run_compare(capsys, *args):
+    code = compare.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_compare_defaults_pass_with_every_check(capsys):
+    code, out, _ = run_compare(capsys)
+    assert code == 0, out
+    lines = out.splitlines()
+    checks = [line for line in lines if line.startswith(("PASS", "FAIL", "N/A"))]
+    assert all(line.startswith("PASS") for line in checks)
+    names = {line.split("|")[1].strip() for line in checks}
+    assert names == {"table", "lookup", "onehot_lookup", "head", "sizes", "neighbors", "stretch", "scaled",
+                     "self_score"}
+    assert lines[-1] == f"{len(checks)} passed, 0 failed, 0 not applicable"
+
+
+def test_compare_json_to_stdout_alone(capsys):
+    code, out, err = run_compare(capsys, *SMALL, "--json", "-")
+    data = json.loads(out)
+    assert code == 0 and data["passed"] is True
+    assert data["config"]["vocab_size"] == 300 and data["config"]["width"] == 24
+    assert {"name", "graph", "passed", "detail", "diff", "tolerance"} <= set(data["checks"][0])
+    assert "PASS" in err
+
+
+def test_compare_json_file_and_export(tmp_path, capsys):
+    report = tmp_path / "report.json"
+    code, out, _ = run_compare(capsys, *SMALL, "--json", str(report), "--export", str(tmp_path / "models"))
+    assert code == 0
+    assert json.loads(report.read_text())["passed"] is True
+    assert sorted(os.listdir(tmp_path / "models")) == sorted(graphs.export.FILES)
+    assert run_compare(capsys, *SMALL, "--export", str(tmp_path / "models"))[0] == 2  # never overwrites
+
+
+def failing_lines(out):
+    return [line for line in out.splitlines() if line.startswith("FAIL")]
+
+
+def test_compare_fails_on_a_wrong_reference_lookup(monkeypatch, capsys):
+    monkeypatch.setattr(embed, "lookup", lambda table, ids: [[v + 2.0**-20 for v in table[i]] for i in ids])
+    code, out, _ = run_compare(capsys, *SMALL)
+    assert code == 1
+    assert [line.split("|")[1].strip() for line in failing_lines(out)] == ["lookup", "scaled"]
+
+
+def test_compare_fails_on_a_wrong_reference_logits(monkeypatch, capsys):
+    real = embed.logits
+    monkeypatch.setattr(embed, "logits", lambda table, hidden: [s * (1 + 1e-5) for s in real(table, hidden)])
+    code, out, _ = run_compare(capsys, *SMALL)
+    assert code == 1 and any("head" in line for line in failing_lines(out))
+
+
+def test_compare_fails_on_a_wrong_table_graph(monkeypatch, capsys):
+    def off_by_one_value(table):
+        table = table.copy()
+        table[3, 0] = np.nextafter(table[3, 0], np.float32(2))  # one value, one ulp
+        return graphs.gather_lookup(table)
+    monkeypatch.setattr(graphs.export, "gather_lookup", off_by_one_value)
+    code, out, _ = run_compare(capsys, *SMALL)
+    assert code == 1
+    assert {line.split("|")[1].strip() for line in failing_lines(out)} == {"table", "lookup", "onehot_lookup"}
+
+
+def test_compare_fails_when_the_tied_head_is_really_two_tables(monkeypatch, capsys):
+    monkeypatch.setattr(graphs.export, "tied_logits", lambda table: graphs.untied_logits(table, table.copy()))
+    code, out, _ = run_compare(capsys, *SMALL)
+    assert code == 1 and any("tied_logits" in line and "head" in line for line in failing_lines(out))
+
+
+def test_compare_fails_on_a_wrong_neighbour_graph(monkeypatch, capsys):
+    real = graphs.export.neighbors
+    monkeypatch.setattr(graphs.export, "neighbors", lambda table, metric: real(table, "dot" if metric == "cosine" else "cosine"))
+    code, out, _ = run_compare(capsys, *SMALL)
+    assert code == 1 and any("neighbors_cosine" in line for line in failing_lines(out))
+
+
+def test_compare_says_when_the_stretch_does_not_apply(capsys):
+    table = embed.make_table(300, 24, 0)
+    away = next(t for t in range(1, 300) if embed.dot(table[t], table[0]) < 0)
+    code, out, _ = run_compare(capsys, *SMALL, "--stretch", str(away))
+    assert code == 0
+    assert any(line.startswith("N/A") and "points away" in line for line in out.splitlines())
+    code, out, _ = run_compare(capsys, *SMALL, "--factor", "1.0001")
+    assert code == 0 and any(line.startswith("N/A") and "not enough" in line for line in out.splitlines())
+
+
+@pytest.mark.parametrize("args", [["--ids", "1,x"], ["--ids", "300"], ["--ids", "-1"], ["--width", "0"],
+                                  ["--factor", "-1"], ["--factor", "nan"], ["--stretch", "0"], ["--k", "-3"],
+                                  ["--vocab-size", "1"], ["--export", "README.md"], ["--bogus"]])
+def test_compare_bad_input_exit_2_one_line(args):
+    done = subprocess.run([sys.executable, "-m", "runtime.compare", *SMALL, *args], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stdout == "" and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
