@@ -72,12 +72,12 @@ def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, 
 
 
 def _embedding(table, tied=False):
-    shared = "; tied: also the output head's weight (node lm_head_tied, Gemm input B)" if tied else ""
+    shared = "; tied: also the output head's weight (through node 'tie' to Gemm 'lm_head_tied')" if tied else ""
     return _weight(table, "embedding", "the embedding table [vocab, width]: row t is token t's vector" + shared)
 
 
-def _lookup_node(output="embeddings"):
-    return _node("Gather", ["embedding", "ids"], [output], "lookup",
+def _lookup_node(output="embeddings", table="embedding"):
+    return _node("Gather", [table, "ids"], [output], "lookup",
                  "embedding[ids]: copies one row per id, no multiplications; a negative id wraps, "
                  "one >= vocab is an error (the runner refuses both first)", axis=0)
 
@@ -119,12 +119,12 @@ def onehot_lookup(table):
 def _logits(table, head, tied):
     """The lookup plus a head that scores `hidden` against every row of `head` (Gemm with transB=1)."""
     vocab, width = table.shape
-    head_name = "embedding" if tied else "lm_head"
-    head_doc = ("logits = hidden @ embedding^T: the SAME initializer the lookup reads (weight tying); "
+    head_name = "tied_embedding" if tied else "lm_head"
+    head_doc = ("logits = hidden @ embedding^T: the same table the lookup reads (weight tying); "
                 "Gemm's transB reads it in place, so no transposed copy is made" if tied else
                 "logits = hidden @ lm_head^T: a second vocab x width table, untied from the embedding")
     nodes = [
-        _lookup_node(),
+        _lookup_node(table="tied_embedding" if tied else "embedding"),
         _node("Reshape", ["hidden", "rows_shape"], ["hidden_rows"], "flatten",
               "[batch, seq, width] -> [batch*seq, width]: Gemm takes 2-D operands"),
         _node("Gemm", ["hidden_rows", head_name], ["logits_rows"], "lm_head_tied" if tied else "lm_head", head_doc,
@@ -135,6 +135,13 @@ def _logits(table, head, tied):
         _node("Reshape", ["logits_rows", "logits_shape"], ["logits"], "unflatten",
               "[batch*seq, vocab] -> [batch, seq, vocab]"),
     ]
+    value_info = [_value("hidden_rows", FLOAT, ["batch*seq", width]), _value("logits_rows", FLOAT, ["batch*seq", vocab]),
+                  _value("batch_seq", INT64, [2]), _value("logits_shape", INT64, [3])]
+    if tied:  # the tie as an edge Netron draws: one table forking to both readers (onnxruntime drops the node)
+        nodes.insert(0, _node("Identity", ["embedding"], ["tied_embedding"], "tie",
+                              "weight tying: the one embedding table feeds both the lookup (Gather) and the "
+                              "output head (Gemm); no copy is made"))
+        value_info.insert(0, _value("tied_embedding", FLOAT, [vocab, width]))
     initializers = [_embedding(table, tied)]
     if not tied:
         initializers.append(_weight(head, "lm_head", "the output head [vocab, width]: a table of its own"))
@@ -147,10 +154,7 @@ def _logits(table, head, tied):
         name, doc, nodes,
         [_value("ids", INT64, IDS), _value("hidden", FLOAT, IDS + [width])],
         [_value("embeddings", FLOAT, IDS + [width]), _value("logits", FLOAT, IDS + [vocab])],
-        initializers,
-        [_value("hidden_rows", FLOAT, ["batch*seq", width]), _value("logits_rows", FLOAT, ["batch*seq", vocab]),
-         _value("batch_seq", INT64, [2]), _value("logits_shape", INT64, [3])],
-        vocab, width, tied=tied, tables=1 if tied else 2)
+        initializers, value_info, vocab, width, tied=tied, tables=1 if tied else 2)
 
 
 def tied_logits(table):

@@ -121,9 +121,10 @@ def test_tied_logits_holds_one_table_untied_two():
     tied, untied = graphs.tied_logits(TABLE), graphs.untied_logits(TABLE, HEAD)
     assert [t.name for t in vocab_width_tensors(tied)] == ["embedding"]
     assert [t.name for t in vocab_width_tensors(untied)] == ["embedding", "lm_head"]
-    gemm = [n for n in tied.graph.node if n.op_type == "Gemm"][0]
-    gather = [n for n in tied.graph.node if n.op_type == "Gather"][0]
-    assert gemm.input[1] == gather.input[0] == "embedding"
+    node = {n.op_type: n for n in tied.graph.node}
+    assert list(node["Identity"].input) == ["embedding"]  # the tie, drawn as one edge forking to two readers
+    assert node["Gemm"].input[1] == node["Gather"].input[0] == node["Identity"].output[0]
+    assert [n.name for n in tied.graph.node if "embedding" in n.input] == ["tie"]
     elements = lambda m: sum(math.prod(t.dims) for t in vocab_width_tensors(m))
     assert elements(tied) == embed.param_count(V, D)
     assert elements(untied) == embed.param_count(V, D, tied=False)

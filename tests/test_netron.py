@@ -1,0 +1,26 @@
+"""Netron, for real: exported graphs served by the netron package and rendered in headless Chromium."""
+import os
+
+import pytest
+
+from graphs.export import main as export
+from tests import netron_view
+
+if not netron_view.chromium():
+    if os.environ.get("CI"):
+        raise RuntimeError("chromium is missing on CI: .ci/run should have installed it")
+    pytest.skip("no chromium on this machine (apt-get install chromium)", allow_module_level=True)
+
+
+def test_netron_renders_the_exported_graphs(tmp_path):
+    assert export([str(tmp_path), "--vocab-size", "64", "--width", "8"]) == 0
+    names = ["tied_logits", "onehot_lookup", "neighbors_dot"]
+    shots = [tmp_path / f"{n}.png" for n in names]
+    labels = ("Identity", "Gather", "Gemm", "OneHot", "MatMul", "TopK")
+    tied, onehot, neighbors = netron_view.render([tmp_path / f"{n}.onnx" for n in names], shots, labels)
+    assert tied == {"Identity": 1, "Gather": 1, "Gemm": 1, "OneHot": 0, "MatMul": 0, "TopK": 0}
+    assert onehot == {"Identity": 0, "Gather": 0, "Gemm": 0, "OneHot": 1, "MatMul": 1, "TopK": 0}
+    assert neighbors == {"Identity": 0, "Gather": 1, "Gemm": 1, "OneHot": 1, "MatMul": 0, "TopK": 1}
+    for shot in shots:  # a PNG with something drawn in it
+        data = shot.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
