@@ -22,7 +22,7 @@ import embed
 import graphs
 from graphs.export import build_all
 from graphs.storage import data_path
-from runtime.runner import Runner
+from runtime.runner import Runner, optimized_model
 
 U = 2.0**-24  # float32 unit roundoff
 U64 = 2.0**-53  # float64's, for the reference's own arithmetic
@@ -95,11 +95,8 @@ class Lab:
     def model(self, name):
         return self.models[f"{name}.onnx"]
 
-    def optimized(self, name, model=None):
-        """The model onnxruntime runs after its own graph optimisations, as it writes it out."""
-        path = os.path.join(self.folder, f"{name}.optimized.onnx")
-        Runner(model or self.model(name), optimized_model_path=path)
-        return onnx.load(path)
+    def optimized(self, name):
+        return optimized_model(self.model(name), self.folder, f"{name}.optimized.onnx")
 
     def dot_bound(self, rows, vector):
         """gamma_w * sum|a_i b_i| for each row: the float32 error bound of each dot product."""

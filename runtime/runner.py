@@ -21,6 +21,20 @@ def session_options(optimized_model_path=None):
     return options
 
 
+def optimized_model(model, folder, name="optimized.onnx"):
+    """The model onnxruntime runs after its own graph optimisations, as it writes it out (tensor data not loaded).
+
+    Large initializers go to a data file beside it, so models past 2 GiB work too; we only read names and dims.
+    """
+    path = os.path.join(folder, name)
+    options = session_options(path)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", name + ".data")
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
+    ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return onnx.load(path, load_external_data=False)
+
+
 def vocab_size_of(model):
     """The model's vocabulary: its `vocab_size` metadata, else the rows of the table a Gather reads `ids` from."""
     meta = {p.key: p.value for p in model.metadata_props}
