@@ -5,17 +5,18 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-# Measured (see BENCHMARKS.md): with prepacking on, a tied weight read by Gather and Gemm is kept twice,
-# once as the table and once packed for the Gemm; off, the session holds the one table.
-SESSION_CONFIG = {"session.disable_prepacking": "1"}
+def session_options(optimized_model_path=None, prepacking=False, arena=False):
+    """The lab's session settings, chosen by measurement (BENCHMARKS.md, `python -m runtime.bench`).
 
-
-def session_options(optimized_model_path=None):
+    Prepacking off: with it on, a weight that has a second reader (a tied table always has) is kept
+    twice, as the table and packed for the Gemm. The CPU arena off: it keeps freed activation buffers,
+    about 0.17x the table's bytes after a 64-token run of a 50257 x 768 tied head.
+    """
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only: the optimized-model warning is expected here
-    for key, value in SESSION_CONFIG.items():
-        options.add_session_config_entry(key, value)
+    options.add_session_config_entry("session.disable_prepacking", "0" if prepacking else "1")
+    options.enable_cpu_mem_arena = arena
     if optimized_model_path is not None:
         options.optimized_model_filepath = os.fspath(optimized_model_path)
     return options
