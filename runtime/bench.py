@@ -141,7 +141,7 @@ from runtime.runner import Runner
 def rss():
     return int([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1]) * 1024
 before = rss()
-runner = Runner(sys.argv[1])
+runner = Runner(sys.argv[1], arena=sys.argv[3] == 'arena')
 start = rss()
 runner.run({'ids': np.zeros((1, 3), np.int64), 'hidden': np.ones((1, 64, int(sys.argv[2])), np.float32)})
 print(start - before, rss() - before)
@@ -153,23 +153,23 @@ def bench_memory(sizes, folder):
     rows = []
     for vocab, width in sizes:
         table, head = graphs.make_table(vocab, width), graphs.make_table(vocab, width, seed=1)
-        for tied in (True, False):
+        # the Runner's settings for every layout, then the tied head once more with the arena on, to show its price
+        cases = [(tied, external, False) for tied in (True, False) for external in (False, True)] + [(True, True, True)]
+        for tied, external, arena in cases:
             model = graphs.tied_logits(table) if tied else graphs.untied_logits(table, head)
-            for external in (False, True):
-                path = os.path.join(folder, f"m_{vocab}_{tied}_{external}.onnx")
-                written = graphs.save(model, path, external=external, overwrite=True)
-                done = subprocess.run([sys.executable, "-c", _PROBE, path, str(width)], capture_output=True,
-                                      text=True, check=True)
-                start, after = map(int, done.stdout.split())
-                rows.append({"vocab": vocab, "width": width, "tied": tied, "external": external,
-                             "table_bytes": table.nbytes, "at_start": start / table.nbytes,
-                             "after_first_run": after / table.nbytes,
-                             "target": 1.10 if tied else 2.10})
-                progress(f"memory V={vocab} D={width} {'tied' if tied else 'untied'} "
-                         f"{'external' if external else 'inline'}: {start / table.nbytes:.2f}x at start, "
-                         f"{after / table.nbytes:.2f}x after the first run")
-                for p in written:
-                    os.remove(p)
+            path = os.path.join(folder, f"m_{vocab}_{tied}_{external}.onnx")
+            written = graphs.save(model, path, external=external, overwrite=True)
+            done = subprocess.run([sys.executable, "-c", _PROBE, path, str(width), "arena" if arena else "-"],
+                                  capture_output=True, text=True, check=True)
+            start, after = map(int, done.stdout.split())
+            rows.append({"vocab": vocab, "width": width, "tied": tied, "external": external, "arena": arena,
+                         "table_bytes": table.nbytes, "at_start": start / table.nbytes,
+                         "after_first_run": after / table.nbytes, "target": 1.10 if tied else 2.10})
+            progress(f"memory V={vocab} D={width} {'tied' if tied else 'untied'} "
+                     f"{'external' if external else 'inline'}{', arena on' if arena else ''}: "
+                     f"{start / table.nbytes:.2f}x at start, {after / table.nbytes:.2f}x after the first run")
+            for p in written:
+                os.remove(p)
         del table, head
     return rows
 
@@ -215,12 +215,12 @@ def report(results):
                      f"{r['flop_per_s'] / 1e9:>8.1f} {sgemm:>9.0%} {memcpy:>10} "
                      f"{r['prepacking_s'] * 1e3:>14.2f} {r['arena_s'] * 1e3:>12.2f}")
     lines += ["", "d. resident memory a session adds, per table byte (fresh process each; first run: 64 tokens)",
-              f"{'V x D':>14} {'head':>7} {'file':>9} {'at start':>9} {'after run':>10} {'target':>7}"]
+              f"{'V x D':>14} {'head':>7} {'file':>9} {'arena':>6} {'at start':>9} {'after run':>10} {'target':>7}"]
     for r in results["memory"]:
         verdict = "met" if r["after_first_run"] <= r["target"] else "NOT met"
         lines.append(f"{r['vocab']:>7} x {r['width']:<4} {'tied' if r['tied'] else 'untied':>7} "
-                     f"{'external' if r['external'] else 'inline':>9} {r['at_start']:>8.2f}x {r['after_first_run']:>9.2f}x "
-                     f"{'<= %.2fx' % r['target']:>9} {verdict}")
+                     f"{'external' if r['external'] else 'inline':>9} {'on' if r['arena'] else 'off':>6} "
+                     f"{r['at_start']:>8.2f}x {r['after_first_run']:>9.2f}x {'<= %.2fx' % r['target']:>9} {verdict}")
     floor = results["floor"]
     lines += ["", f"e. per-run floor (Identity on one float): run {floor['run_s'] * 1e6:.1f} us, "
                   f"run_with_iobinding {floor['iobinding_s'] * 1e6:.1f} us", "", "targets:"]
@@ -234,8 +234,8 @@ def targets(results):
     big_head = [r for r in results["head"] if r["tokens"] >= 64]
     share = lambda r: r["flop_per_s"] / results["sgemm_flop_per_s"]
     return [
-        ("tied <= 1.10x table bytes after the first run, every size and file layout",
-         all(r["after_first_run"] <= 1.10 for r in memory if r["tied"])),
+        ("tied <= 1.10x table bytes after the first run, every size and file layout (Runner settings)",
+         all(r["after_first_run"] <= 1.10 for r in memory if r["tied"] and not r["arena"])),
         ("untied <= 2.10x table bytes after the first run", all(r["after_first_run"] <= 2.10 for r in memory
                                                                  if not r["tied"])),
         ("Gather no slower than numpy take(out=) at n >= 256",

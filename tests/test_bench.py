@@ -32,8 +32,8 @@ def test_bench_pieces_run_and_report(tmp_path):
     assert math.isclose(row["gather_vs_take"], row["gather_s"] / row["take_s"])
     head = results["head"][1]
     assert math.isclose(head["flop_per_s"], 2 * 4 * 64 * bench.WIDTH / head["ort_s"])
-    assert [(m["tied"], m["external"]) for m in results["memory"]] == [(True, False), (True, True),
-                                                                       (False, False), (False, True)]
+    assert [(m["tied"], m["external"], m["arena"]) for m in results["memory"]] == [
+        (True, False, False), (True, True, False), (False, False, False), (False, True, False), (True, True, True)]
     assert all(m["table_bytes"] == 256 * 16 * 4 for m in results["memory"])
     text = bench.report(results)
     assert "a/b. lookups" in text and "d. resident memory" in text and "e. per-run floor" in text
