@@ -22,7 +22,7 @@ def test_bound_run_writes_into_the_callers_buffer():
 
 
 def test_bench_pieces_run_and_report(tmp_path):
-    results = {"sgemm_flop_per_s": 1e9, "memcpy_bytes_per_s": 1e9}
+    results = {}
     results["lookups"] = bench.bench_lookups([64], 8, 0.005)
     results["head"] = bench.bench_head(64, [1, 4], 0.005)
     results["memory"] = bench.bench_memory([(256, 16)], str(tmp_path))
