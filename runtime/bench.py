@@ -224,6 +224,7 @@ def report(results):
               f"{'V x D':>14} {'head':>7} {'file':>9} {'arena':>6} {'at start':>9} {'after run':>10} {'target':>7}"]
     for r in results["memory"]:
         verdict = "met" if r["after_first_run"] <= r["target"] else "NOT met"
+        verdict = f"({'within' if verdict == 'met' else 'over'}; shown for the arena's price)" if r["arena"] else verdict
         lines.append(f"{r['vocab']:>7} x {r['width']:<4} {'tied' if r['tied'] else 'untied':>7} "
                      f"{'external' if r['external'] else 'inline':>9} {'on' if r['arena'] else 'off':>6} "
                      f"{r['at_start']:>8.2f}x {r['after_first_run']:>9.2f}x {'<= %.2fx' % r['target']:>9} {verdict}")
