@@ -1,10 +1,9 @@
 """python -m graphs.export DIR: write the lab's seven graphs as .onnx files, ready to open in Netron."""
-import argparse
 import os
 import sys
 
-from graphs.builders import (gather_lookup, neighbors, onehot_lookup, scaled_lookup, tied_logits,
-                             untied_logits)
+from embed import _Parser  # argparse with one-line errors, exit 2
+from graphs.builders import gather_lookup, neighbors, onehot_lookup, scaled_lookup, tied_logits, untied_logits
 from graphs.storage import data_path, save
 from graphs.table import make_table
 
@@ -19,11 +18,6 @@ def build_all(vocab_size, width, seed):
     models = [gather_lookup(table), onehot_lookup(table), tied_logits(table), untied_logits(table, head),
               scaled_lookup(table), neighbors(table, "cosine"), neighbors(table, "dot")]
     return dict(zip(FILES, models))
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def main(argv=None):

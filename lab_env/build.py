@@ -40,7 +40,7 @@ def _prepare(lab):
     try:
         os.makedirs(lab, exist_ok=True)
     except OSError as e:
-        raise BuildError(f"cannot create {lab} ({e.strerror}); set ONNX_LAB to a writable folder")
+        raise BuildError(f"cannot create {lab} ({e.strerror}); set ONNX_LAB to a writable folder") from None
     if not os.access(lab, os.W_OK | os.X_OK):
         raise BuildError(f"cannot write to {lab}; set ONNX_LAB to a writable folder")
     ours = {".lock", STAMP, FREEZE, LOG}

@@ -4,7 +4,6 @@ Every figure is a ratio to a baseline measured in the same run (numpy take, nump
 SGEMM and memcpy rate, the table's own bytes), so it means the same on a loaded machine. Times are
 the minimum over repeats (noise only ever adds time). Progress goes to stderr, the table to stdout.
 """
-import argparse
 import json
 import math
 import os
@@ -18,6 +17,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 import graphs
+from embed import _Parser  # argparse with one-line errors, exit 2
 from runtime.runner import session_options
 
 WIDTH = 768
@@ -255,11 +255,8 @@ def targets(results):
 
 
 def plot(results, path):
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("python -m runtime.bench: error: --plot needs matplotlib, which is optional: "
-                         "./lab_env/python -m pip install matplotlib")
+    """Two panels of same-run ratios; matplotlib is optional, so it is imported only here (main checks first)."""
+    import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -282,7 +279,7 @@ def plot(results, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m runtime.bench", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser = _Parser(prog="python -m runtime.bench", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     parser.add_argument("--quick", action="store_true", help="smaller sweep, under a minute")
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="plot the ratios (needs matplotlib)")

@@ -86,6 +86,7 @@ class Lab:
         self.head = embed.make_table(self.vocab, self.width, self.seed + 1)
         self.hidden = embed.make_table(4, self.width, self.seed + 2)  # float32-exact hidden vectors
         self.models = build_all(self.vocab, self.width, self.seed)  # graphs build from graphs.make_table
+        self.runners = {}
         self.stretch, self.factor, self.user_factor = args.stretch, args.factor, args.factor is not None
         if self.stretch is None:  # the best dot neighbour that does not already lead
             ranked = embed.neighbors(self.table, self.query, self.vocab, "dot")
@@ -95,6 +96,12 @@ class Lab:
 
     def model(self, name):
         return self.models[f"{name}.onnx"]
+
+    def runner(self, name):
+        """One session per exported graph, made on first use."""
+        if name not in self.runners:
+            self.runners[name] = Runner(self.model(name))
+        return self.runners[name]
 
     def optimized(self, name):
         return optimized_model(self.model(name), self.folder, f"{name}.optimized.onnx")
@@ -118,7 +125,7 @@ def check_table(lab):
 
 
 def check_gather(lab):
-    out = Runner(lab.model("gather_lookup")).run({"ids": [lab.ids]})["embeddings"][0]  # (n, width)
+    out = lab.runner("gather_lookup").run({"ids": [lab.ids]})["embeddings"][0]  # (n, width)
     bad = differing(out, embed.lookup(lab.table, lab.ids))
     repeats = {i for i in lab.ids if lab.ids.count(i) > 1}
     same = all(differing(out[p], out[lab.ids.index(i)]) == 0 for p, i in enumerate(lab.ids))
@@ -131,8 +138,8 @@ def check_gather(lab):
 
 def check_onehot(lab):
     model = lab.model("onehot_lookup")
-    out = Runner(model).run({"ids": [lab.ids]})["embeddings"][0]
-    gathered = Runner(lab.model("gather_lookup")).run({"ids": [lab.ids]})["embeddings"][0]
+    out = lab.runner("onehot_lookup").run({"ids": [lab.ids]})["embeddings"][0]
+    gathered = lab.runner("gather_lookup").run({"ids": [lab.ids]})["embeddings"][0]
     reference, reference_products = embed._onehot_rows(lab.table, lab.ids)
     bad_ref, bad_gather = differing(out, reference), differing(out, gathered)
     # MatMul([n, vocab] one-hot, [vocab, width] table): n * vocab * width products, counted from the graph
@@ -155,7 +162,7 @@ def _head_check(lab, tied):
     want_tables = 1 if tied else 2
     in_file = vocab_width_tensors(model, lab.vocab, lab.width)
     in_memory = vocab_width_tensors(lab.optimized(name), lab.vocab, lab.width)
-    logits = Runner(model).run({"ids": [lab.ids[:1]], "hidden": [lab.hidden]})["logits"][0]  # (4, vocab)
+    logits = lab.runner(name).run({"ids": [lab.ids[:1]], "hidden": [lab.hidden]})["logits"][0]  # (4, vocab)
     exact = [embed.logits(head, h) for h in lab.hidden]
     bound = [lab.dot_bound(head, h) for h in lab.hidden]
     ok_values, diff, worst = within(logits, exact, bound)
@@ -289,7 +296,7 @@ def check_stretch(lab):
 
 
 def check_scaled(lab):
-    out = as64(Runner(lab.model("scaled_lookup")).run({"ids": [lab.ids]})["embeddings"][0])
+    out = as64(lab.runner("scaled_lookup").run({"ids": [lab.ids]})["embeddings"][0])
     rows = as64(embed.lookup(lab.table, lab.ids))
     reference = as64(embed.lookup(embed.scale_sqrt_d(lab.table), lab.ids))
     root = math.sqrt(lab.width)
@@ -314,8 +321,7 @@ def _argmax_ok(graph_logits, exact, bounds):
 
 
 def check_self_score(lab):
-    model = lab.model("tied_logits")
-    runner = Runner(model)
+    runner = lab.runner("tied_logits")
     embeddings = runner.run({"ids": [lab.ids], "hidden": [[lab.table[0]] * len(lab.ids)]})["embeddings"]
     logits = runner.run({"ids": [lab.ids], "hidden": embeddings})["logits"][0]
     own_top, agree = 0, True
@@ -362,21 +368,13 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: error: {message}")
 
 
-def _id_list(text):
-    try:
-        ids = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    return ids
-
-
 def parse(argv):
     parser = _Parser(prog="python -m runtime.compare", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     add = parser.add_argument
     add("--vocab-size", type=int, default=4096, help="rows in the table (default 4096)")
     add("--width", type=int, default=96, help="values per row (default 96; sqrt(96) is not a float32)")
     add("--seed", type=int, default=0, help="table seed; the untied head uses seed+1, hidden vectors seed+2")
-    add("--ids", type=_id_list, default=[3, 3, 17], help="ids to look up (default 3,3,17)")
+    add("--ids", type=embed._ids, default=[3, 3, 17], help="ids to look up (default 3,3,17)")
     add("--query", type=int, default=0, help="token whose neighbours are checked (default 0)")
     add("--k", type=int, default=8, help="neighbours to list (default 8)")
     add("--stretch", type=int, help="token whose row is stretched (default: the query's best dot neighbour "

@@ -16,8 +16,8 @@ import tempfile
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 from google.protobuf.message import DecodeError
+from onnx import TensorProto, helper, numpy_helper
 
 import graphs
 from runtime.runner import Runner, optimized_model

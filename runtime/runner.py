@@ -5,6 +5,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+
 def session_options(optimized_model_path=None, prepacking=False, arena=False):
     """The lab's session settings, chosen by measurement (BENCHMARKS.md, `python -m runtime.bench`).
 
