@@ -246,16 +246,18 @@ def _compare_lists(got, want, scores, bounds):
     return all(g == w or abs(scores[g] - scores[w]) <= bounds[g] + bounds[w] for g, w in zip(got, want))
 
 
-def _neighbors(lab, table, metric, model=None):
-    model = model or graphs.neighbors(np.asarray(table, dtype=np.float32), metric)
-    out = Runner(model).run({"ids": [lab.query], "k": [lab.k]})
+def _neighbors(lab, table, metric, exported=False):
+    """The graph's neighbour list of the query: the exported graph's session, or a new graph for `table`."""
+    runner = lab.runner(f"neighbors_{metric}") if exported else Runner(
+        graphs.neighbors(np.asarray(table, dtype=np.float32), metric))
+    out = runner.run({"ids": [lab.query], "k": [lab.k]})
     return [int(i) for i in out["indices"][0]], out["scores"][0]
 
 
 def check_neighbors(lab):
     checks = []
     for metric in ("cosine", "dot"):
-        got, got_scores = _neighbors(lab, lab.table, metric, lab.model(f"neighbors_{metric}"))
+        got, got_scores = _neighbors(lab, lab.table, metric, exported=True)
         want = embed.neighbors(lab.table, lab.query, lab.k, metric)
         scores, bounds = _score_bounds(lab, lab.table, lab.query, metric)
         ok_scores, diff, worst = within(got_scores, [scores[t] for t in got], [bounds[t] for t in got])
@@ -283,7 +285,7 @@ def check_stretch(lab):
     if embed.neighbors(stretched, q, 1, "dot") != [s]:
         return Check("stretch", graph, None, f"x{factor:g} is not enough for token {s} to lead token {q}'s dot list "
                      f"(x{embed.stretch_to_lead(lab.table, q, s):g} is); the claim does not apply")
-    before_cos, _ = _neighbors(lab, lab.table, "cosine", lab.model("neighbors_cosine"))
+    before_cos, _ = _neighbors(lab, lab.table, "cosine", exported=True)
     after_cos, _ = _neighbors(lab, stretched, "cosine")
     after_dot, _ = _neighbors(lab, stretched, "dot")
     scores, bounds = _score_bounds(lab, stretched, q, "cosine")

@@ -319,9 +319,9 @@ def prove(before, after, rewritten, tables, arrays, folder):
         graphs.save(_with_outputs(model, hidden_names), path, overwrite=True)
         paths.append(path)
     feeds = _feeds(before, tables, np.random.default_rng(0))
-    old, new = (Runner(p).session.run(None, feeds) for p in paths)
-    names = [o.name for o in Runner(paths[0]).session.get_outputs()]
-    old, new = dict(zip(names, old)), dict(zip(names, new))
+    sessions = [Runner(p).session for p in paths]
+    names = [o.name for o in sessions[0].get_outputs()]
+    old, new = (dict(zip(names, s.run(names, feeds))) for s in sessions)
     head_of = {output: (hidden, table) for output, hidden, table in rewritten}
     failures = []
     for name in names:
