@@ -27,14 +27,15 @@ def data_path(path):
     return os.fspath(path) + ".data"
 
 
-def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False):
+def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False, check=True):
     """Write `model` to `path` atomically; returns the paths written.
 
     external=None moves tensors to `path + ".data"` when one holds EXTERNAL_FROM bytes or more, or the model
     would not fit in a protobuf; True always does (tensors of `min_external_bytes` or more); False never.
     The model passed in is not changed.
     An existing file is refused unless overwrite=True. The model is checked (full_check) before it
-    takes its final name, so a file that appears there is complete and valid.
+    takes its final name, so a file that appears there is complete and valid; check=False skips that, for a
+    caller that has run the checker on the same model elsewhere (runtime.inspect, in its isolated child).
     """
     path = os.path.abspath(os.fspath(path))
     if external is None:
@@ -53,7 +54,8 @@ def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False
         else:
             with open(staged, "wb") as f:
                 f.write(model.SerializeToString())
-        onnx.checker.check_model(staged, full_check=True)
+        if check:
+            onnx.checker.check_model(staged, full_check=True)
         for target in reversed(targets):  # the data first: once the model file appears, it is whole
             os.replace(os.path.join(staging, os.path.basename(target)), target)
     finally:

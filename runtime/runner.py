@@ -23,17 +23,24 @@ def session_options(optimized_model_path=None, prepacking=False, arena=False):
     return options
 
 
-def optimized_model(model, folder, name="optimized.onnx"):
-    """The model onnxruntime runs after its own graph optimisations, as it writes it out (tensor data not loaded).
+def write_optimized_model(model, path):
+    """Write the model onnxruntime runs after its own graph optimisations to `path` (a ModelProto or a path in).
 
-    Large initializers go to a data file beside it, so models past 2 GiB work too; we only read names and dims.
+    Large initializers go to `path + ".data"`, so models past 2 GiB work too.
     """
-    path = os.path.join(folder, name)
+    path = os.fspath(path)
     options = session_options(path)
-    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", name + ".data")
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                     os.path.basename(path) + ".data")
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
     ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def optimized_model(model, folder, name="optimized.onnx"):
+    """The model onnxruntime runs after its own graph optimisations, as it writes it out (tensor data not loaded)."""
+    path = os.path.join(folder, name)
+    write_optimized_model(model, path)
     return onnx.load(path, load_external_data=False)
 
 

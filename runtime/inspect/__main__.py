@@ -1,0 +1,5 @@
+import sys
+
+from runtime.inspect.cli import main
+
+sys.exit(main())

@@ -1,0 +1,130 @@
+"""The command: python -m runtime.inspect MODEL.onnx [--json] [--retie OUT.onnx] [--timeout S] [--memory-limit GiB]."""
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import graphs
+from runtime.inspect import isolated
+from runtime.inspect.reading import InspectError, load
+from runtime.inspect.relations import relate, runtime_copies
+from runtime.inspect.retie import retie
+from runtime.inspect.walk import find_tables_and_heads
+
+DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
+
+Tables are initializers a Gather reads rows from; heads are the weights of a MatMul or Gemm, seen through
+Identity and Transpose. Each table/head pair of matching shape is `shared` (one initializer), `duplicate`
+(same values), `transposed_duplicate` (same values, transposed) or `distinct`. Runtime copies are the
+initializers onnxruntime's optimized model adds. The model is untrusted: every tensor is checked before it
+is read, external data must lie inside the model's folder, and onnxruntime runs in a child process under
+--timeout and --memory-limit, so a crash there is reported, not suffered."""
+
+EPILOG = """exit status: 0 report written (and OUT, if --retie had something to do); 1 the retie proof failed,
+nothing written; 2 bad usage, or a model that cannot be read safely (one line on stderr)."""
+
+
+def inspect_model(path, folder, limits=None):
+    """Everything the report shows, as one dict (the --json output plus what --retie needs).
+
+    `folder` is a scratch folder for onnxruntime's optimized model; `limits` bound the isolated child."""
+    limits = limits or isolated.Limits()
+    model = load(path)
+    tables, heads = find_tables_and_heads(model)
+    pairs = relate(model, tables, heads)
+    optimized_path = os.path.join(folder, "optimized.onnx")
+    job = {"kind": "optimize", "model": os.path.abspath(path), "out": optimized_path, "folder": folder}
+    try:
+        isolated.call(job, "building its optimized model", limits, model.file_bytes)
+    except isolated.StepFailed as e:
+        raise InspectError(f"{path}: onnxruntime cannot load it: {str(e).split(': ', 1)[-1]}") from None
+    optimized = load(optimized_path, folder)
+    watched = list(dict.fromkeys([t for t, _ in tables] + [h["initializer"] for h in heads]))
+    initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
+                     "bytes": t.nbytes} for t in model.tensors.values()]
+    return {"model": model, "tables": tables, "heads": heads, "file_bytes": model.file_bytes,
+            "initializers": initializers, "pairs": pairs,
+            "runtime_copies": runtime_copies(model, optimized, watched),
+            "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values())}
+
+
+def _report(info, path, out):
+    w = out.write
+    w(f"{path}: {len(info['initializers'])} initializers, {info['file_bytes']} bytes on disk\n")
+    w(f"  {'name':<32} {'dtype':<8} {'shape':<16} {'elements':>12} {'bytes':>12}\n")
+    for i in info["initializers"]:
+        w(f"  {i['name']:<32} {i['dtype']:<8} {str(i['shape']):<16} {i['elements']:>12} {i['bytes']:>12}\n")
+    w("tables (read by Gather): " + (", ".join(t for t, _ in info["tables"]) or "none") + "\n")
+    heads = [f"{h['initializer']} ({h['node'].op_type}{', through Transpose' if h['flips'] else ''})"
+             for h in info["heads"]]
+    w("heads (MatMul/Gemm weights): " + (", ".join(heads) or "none") + "\n")
+    for p in info["pairs"]:
+        w(f"pair {p['table']} / {p['head']}: {p['relation']}, {p['wasted_bytes']} bytes wasted in the file\n")
+    if not info["pairs"]:
+        w("no table/head pair of matching shape\n")
+    for c in info["runtime_copies"]:
+        what = f" = {c['copy_of']}{' transposed' if c['transposed'] else ''}" if "copy_of" in c else ""
+        w(f"runtime copy {c['name']} {c['shape']}: {c['bytes']} bytes added by onnxruntime's optimizations{what}\n")
+    if not info["runtime_copies"]:
+        w("runtime copies: none (onnxruntime's optimized model adds no initializer)\n")
+
+
+def _json(info):
+    return {"file_bytes": info["file_bytes"], "initializers": info["initializers"],
+            "pairs": [{k: p[k] for k in ("table", "head", "relation", "wasted_bytes")} for p in info["pairs"]],
+            "runtime_copies": info["runtime_copies"]}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise InspectError(message)
+
+
+def _positive(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"want a positive number, got {text!r}")
+    return value
+
+
+def _check_out(out, model):
+    if os.path.realpath(out) == os.path.realpath(model):
+        raise InspectError("OUT is MODEL: --retie never touches its input; name another file")
+    for target in (out, graphs.storage.data_path(out)):
+        if os.path.lexists(target):
+            raise InspectError(f"{target} exists; refusing to overwrite it")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        raise InspectError(f"{os.path.dirname(out)}: no such folder for OUT")
+
+
+def main(argv=None):
+    parser = _Parser(prog="python -m runtime.inspect", description=DESCRIPTION, epilog=EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", metavar="MODEL.onnx")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table")
+    parser.add_argument("--timeout", type=_positive, default=300.0, metavar="S",
+                        help="wall-clock seconds each onnxruntime step may take (default 300)")
+    parser.add_argument("--memory-limit", type=_positive, metavar="GiB",
+                        help="address space each onnxruntime step may take (default 4 GiB + 6x the model's bytes)")
+    try:
+        args = parser.parse_args(argv)
+        if args.retie:
+            _check_out(args.retie, args.model)
+        memory = None if args.memory_limit is None else int(args.memory_limit * isolated.GiB)
+        limits = isolated.Limits(args.timeout, memory)
+        with tempfile.TemporaryDirectory(prefix="onnx-lab-inspect-") as folder:
+            info = inspect_model(args.model, folder, limits)
+            say = sys.stderr.write if args.json else sys.stdout.write
+            if args.json:
+                sys.stdout.write(json.dumps(_json(info), indent=2) + "\n")
+            else:
+                _report(info, args.model, sys.stdout)
+            return retie(info["model"], info, args.retie, folder, limits, say) if args.retie else 0
+    except InspectError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,127 @@
+"""Steps that hand an untrusted model to onnxruntime (or onnx's C++ checker) run here, in a child process.
+
+A crash, abort, time-out or allocation failure inside a session then ends the child, not the tool: the
+parent reports it as a finding about the model. The child runs under a wall-clock limit and an address-space
+limit (RLIMIT_AS), a cap on the size of any file it writes (RLIMIT_FSIZE), no core files; `Limits` holds both, set from --timeout and --memory-limit.
+"""
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+from runtime.inspect.reading import InspectError
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_OUT_OF_MEMORY = 3  # the child's exit status when an allocation failed
+GiB = 2**30
+
+
+class StepFailed(InspectError):
+    """onnx or onnxruntime refused the model with an error of its own (no crash): one line."""
+
+
+class Limits:
+    """What one child may take: `timeout` seconds of wall time, `memory` bytes of address space."""
+
+    def __init__(self, timeout=300.0, memory=None):
+        self.timeout, self.memory = timeout, memory
+
+    def memory_for(self, model_bytes):
+        """The address-space limit: as given, else 4 GiB plus 6x the model (two sessions and their copies),
+        at most three quarters of the machine's memory."""
+        if self.memory is not None:
+            return self.memory
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return min(4 * GiB + 6 * model_bytes, physical * 3 // 4)
+
+
+def call(job, what, limits, model_bytes):
+    """Run `job` (a dict; see `_JOBS`) in a child under `limits`; its result dict, or InspectError saying
+    what happened to onnxruntime while `what` (e.g. "building the optimized model")."""
+    memory = limits.memory_for(model_bytes)
+    path = os.path.join(job["folder"], "job.json")
+    result = os.path.join(job["folder"], "result.json")
+    if os.path.exists(result):
+        os.remove(result)
+    with open(path, "w") as f:
+        json.dump(job, f)
+
+    written = 3 * model_bytes + GiB  # any one file it writes; past that, a write fails (EFBIG), nothing fills the disk
+
+    def confine():
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (written, written))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT] + sys.path[1:]))
+    child = subprocess.Popen([sys.executable, "-m", "runtime.inspect.isolated", path], cwd=_ROOT, env=env,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             preexec_fn=confine)
+    try:
+        _, err = child.communicate(timeout=limits.timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        raise InspectError(f"onnxruntime did not finish {what} within {limits.timeout:g} s and was stopped "
+                           "(raise --timeout if the model is simply large)") from None
+    err = err.decode(errors="replace")
+    if child.returncode < 0:
+        name = signal.Signals(-child.returncode).name
+        raise InspectError(f"onnxruntime crashed ({name}) while {what}: the model is malformed or hostile"
+                           f"{_memory_hint(err, memory)}")
+    if child.returncode == _OUT_OF_MEMORY or "bad_alloc" in err:
+        raise InspectError(f"onnxruntime ran out of memory while {what} (limit {memory / GiB:.1f} GiB of "
+                           "address space; raise --memory-limit if the model is simply large)")
+    if child.returncode != 0 or not os.path.exists(result):
+        last = (err.strip().splitlines() or ["no message"])[-1]
+        raise InspectError(f"the isolated step failed while {what}: {last[:300]}")
+    with open(result) as f:
+        answer = json.load(f)
+    if "error" in answer:
+        raise StepFailed(f"onnx or onnxruntime refused it while {what}: {answer['error']}")
+    return answer
+
+
+def _memory_hint(err, memory):
+    return f" (or it hit the {memory / GiB:.1f} GiB memory limit)" if "alloc" in err.lower() else ""
+
+
+def _first_line(e):
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:300]
+
+
+def _optimize(job):
+    from runtime.runner import write_optimized_model
+    write_optimized_model(job["model"], job["out"])
+    return {}
+
+
+def _prove(job):
+    from runtime.inspect.proof import prove
+    return {"failures": prove(job)}
+
+
+_JOBS = {"optimize": _optimize, "prove": _prove}
+
+
+def main(path):
+    with open(path) as f:
+        job = json.load(f)
+    try:
+        answer = _JOBS[job["kind"]](job)
+    except MemoryError:
+        return _OUT_OF_MEMORY
+    except Exception as e:  # noqa: BLE001 - onnx or onnxruntime refusing the model: the parent reports it
+        if "bad_alloc" in str(e) or "Failed to allocate" in str(e):
+            return _OUT_OF_MEMORY
+        answer = {"error": _first_line(e)}
+    with open(os.path.join(job["folder"], "result.json"), "w") as f:
+        json.dump(answer, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

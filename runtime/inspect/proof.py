@@ -1,0 +1,78 @@
+"""The retie proof: both models run on the same random inputs; heads agree within float32's bound, the rest
+bit for bit. It runs in the isolated child (runtime.inspect.isolated), since it opens sessions on an untrusted
+model and runs onnx's shape inference on it."""
+import os
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+import graphs
+from runtime.runner import Runner
+
+U = 2.0**-24
+
+
+def feeds_for(model, rows, rng):
+    """Random inputs: ids within the rows of the table each feeds (`rows`), other integers 1, floats standard
+    normal; free dims 3."""
+    weights = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in weights:
+            continue
+        tensor_type = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else 3 for d in tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        if value.name in rows:
+            feeds[value.name] = rng.integers(0, rows[value.name], size=shape).astype(dtype)
+        elif np.dtype(dtype).kind in "iub":
+            feeds[value.name] = np.ones(shape, dtype=dtype)
+        else:
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def _with_outputs(model, names):
+    """`model` also outputting `names` (the hidden vectors the heads read)."""
+    present = {o.name for o in model.graph.output}
+    inferred = onnx.shape_inference.infer_shapes(model)
+    known = {v.name: v for v in list(inferred.graph.value_info) + list(model.graph.input)}
+    for name in names:
+        if name not in present:
+            if name not in known:
+                raise ValueError(f"shape inference does not type {name!r}, the input of a head")
+            model.graph.output.append(known[name])
+    return model
+
+
+def prove(job):
+    """One-line failures (empty: proven) for job {before, after, rewritten: [[output, hidden, table]], rows, folder}."""
+    before, after = onnx.load(job["before"]), onnx.load(job["after"])
+    tables = {t.name: numpy_helper.to_array(t) for t in before.graph.initializer
+              if t.name in {table for _, _, table in job["rewritten"]}}
+    hidden_names = sorted({hidden for _, hidden, _ in job["rewritten"]})
+    sessions = []
+    for label, model in (("before", before), ("after", after)):
+        path = os.path.join(job["folder"], f"proof_{label}.onnx")
+        graphs.save(_with_outputs(model, hidden_names), path, overwrite=True)
+        sessions.append(Runner(path).session)
+    feeds = feeds_for(before, job["rows"], np.random.default_rng(0))
+    names = [o.name for o in sessions[0].get_outputs()]
+    old, new = (dict(zip(names, s.run(names, feeds))) for s in sessions)
+    head_of = {output: (hidden, table) for output, hidden, table in job["rewritten"]}
+    failures = []
+    for name in names:
+        a, b = old[name], new[name]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            failures.append(f"output {name!r}: {a.shape} {a.dtype} became {b.shape} {b.dtype}")
+        elif name in head_of:
+            hidden, table = head_of[name]
+            h, t = np.abs(old[hidden].astype(np.float64)), np.abs(tables[table].astype(np.float64))
+            width = t.shape[1]
+            bound = 2 * width * U / (1 - width * U) * (h @ t.T)  # both sides within gamma_w sum|a b| of exact
+            if np.isnan(b).any() or not np.all(np.abs(a.astype(np.float64) - b) <= bound):
+                failures.append(f"output {name!r}: differs beyond 2 gamma_w sum|a b|")
+        elif not np.array_equal(a.view(np.uint8), b.view(np.uint8)):
+            failures.append(f"output {name!r}: not bit-identical, and not a head output whose bound is known")
+    return failures

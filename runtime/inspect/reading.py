@@ -1,0 +1,248 @@
+"""Reading a model file nobody vouched for: every tensor checked before anything large is touched.
+
+The rules follow CPython's tarfile filters and onnx's own location check: each external-data path is
+resolved and refused if it leaves the model's folder, before it is opened; each declared size is checked
+against the file that must hold it before memory is reserved; tensor data stays on disk (memory-mapped)
+until a comparison reads it.
+"""
+import math
+import os
+import stat
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, helper, numpy_helper
+
+# Bits per element of each type this tool can size; a type not listed is a finding.
+BITS = {
+    TensorProto.FLOAT: 32, TensorProto.UINT8: 8, TensorProto.INT8: 8, TensorProto.UINT16: 16,
+    TensorProto.INT16: 16, TensorProto.INT32: 32, TensorProto.INT64: 64, TensorProto.BOOL: 8,
+    TensorProto.FLOAT16: 16, TensorProto.DOUBLE: 64, TensorProto.UINT32: 32, TensorProto.UINT64: 64,
+    TensorProto.COMPLEX64: 64, TensorProto.COMPLEX128: 128, TensorProto.BFLOAT16: 16,
+    TensorProto.FLOAT8E4M3FN: 8, TensorProto.FLOAT8E4M3FNUZ: 8, TensorProto.FLOAT8E5M2: 8,
+    TensorProto.FLOAT8E5M2FNUZ: 8, TensorProto.FLOAT8E8M0: 8,
+    TensorProto.UINT4: 4, TensorProto.INT4: 4, TensorProto.FLOAT4E2M1: 4,  # two codes a byte
+}
+_MAX_ELEMENTS = 2**62  # past this a product of dims is nonsense whatever the file holds
+_SPARSE_FROM = 64 * 2**20  # below this, holes (alignment padding) are not worth a finding
+_ORT_MEMORY_MARKER = "_ORT_MEM_ADDR_"  # onnxruntime reads such a "location" from process memory
+
+
+class InspectError(Exception):
+    """Bad input or a model that cannot be read safely: one line on stderr, exit 2."""
+
+
+class Tensor:
+    """One initializer as checked: name, type, dims, bytes, and where its data lies (never loaded here)."""
+
+    def __init__(self, proto, nbytes, external=None):
+        self.proto, self.name, self.data_type = proto, proto.name, proto.data_type
+        self.dims, self.nbytes, self.external = [int(d) for d in proto.dims], nbytes, external
+
+    @property
+    def type_name(self):
+        """'float32', 'bfloat16', 'int4', ... as numpy / ml_dtypes names them."""
+        return np.dtype(helper.tensor_dtype_to_np_dtype(self.data_type)).name
+
+    @property
+    def elements(self):
+        return math.prod(self.dims)
+
+    def values(self):
+        """The tensor as a read-only array, memory-mapped when external; None for packed sub-byte types."""
+        if BITS[self.data_type] < 8:
+            return None
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(self.data_type))
+        if self.elements == 0:
+            return np.empty(self.dims, dtype)
+        if self.external is not None:
+            path, offset, _ = self.external
+            return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(self.dims))
+        if self.proto.HasField("raw_data"):
+            return np.frombuffer(self.proto.raw_data, dtype=dtype).reshape(self.dims)
+        return numpy_helper.to_array(self.proto)  # typed fields: already in memory, sizes checked
+
+    def raw(self):
+        """The stored bytes (external: memory-mapped), for byte-for-byte comparison of any type."""
+        if self.external is not None:
+            path, offset, length = self.external
+            return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(length,)) if length else b""
+        if self.proto.HasField("raw_data"):
+            return np.frombuffer(self.proto.raw_data, np.uint8)
+        return np.ascontiguousarray(self.values()).view(np.uint8).reshape(-1)
+
+
+class Model:
+    """A parsed model whose every tensor passed `check_tensor`: proto, {name: Tensor}, bytes on disk."""
+
+    def __init__(self, path, proto, tensors, file_bytes, folder):
+        self.path, self.proto, self.tensors, self.file_bytes, self.folder = path, proto, tensors, file_bytes, folder
+
+
+def _regular_file(path, what):
+    """os.stat of `path`, or InspectError unless it is a regular file."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError) as e:
+        raise InspectError(f"{what}: {getattr(e, 'strerror', None) or e}") from None
+    if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block or never end
+        raise InspectError(f"{what}: not a regular file")
+    return info
+
+
+def inside(folder, location, name):
+    """The real path of external-data `location` if it names a file inside `folder`; else InspectError."""
+    odd = [c for c in location if ord(c) < 32 or c in "\\\x7f"]
+    if not location or odd or _ORT_MEMORY_MARKER in location:
+        raise InspectError(f"initializer {name!r}: external data location {location!r} is empty or holds odd "
+                           "characters; refused")
+    if os.path.isabs(location):
+        raise InspectError(f"initializer {name!r}: external data path {location!r} is not relative to the "
+                           "model's folder; refused")
+    path = os.path.realpath(os.path.join(folder, location))
+    if os.path.commonpath([path, folder]) != folder:
+        raise InspectError(f"initializer {name!r}: external data path {location!r} escapes the model's folder; "
+                           "refused")
+    return path
+
+
+def _count(value, key, name):
+    if not (value.isascii() and value.isdigit() and len(value) <= 19):
+        raise InspectError(f"initializer {name!r}: external data {key} {value!r} is not a non-negative integer")
+    return int(value)
+
+
+def _external(tensor, folder, nbytes, files):
+    """(path, offset, length) of an external tensor, every number checked against the file."""
+    info = {}
+    for entry in tensor.external_data:
+        if entry.key in info:
+            raise InspectError(f"initializer {tensor.name!r}: external data key {entry.key!r} given twice")
+        info[entry.key] = entry.value
+    path = inside(folder, info.get("location", ""), tensor.name)
+    offset = _count(info.get("offset", "0"), "offset", tensor.name)
+    length = _count(info["length"], "length", tensor.name) if "length" in info else nbytes
+    if length != nbytes:
+        raise InspectError(f"initializer {tensor.name!r}: external data length {length} but dims "
+                           f"{list(tensor.dims)} of {_type_name(tensor)} need {nbytes} bytes")
+    if path not in files:
+        what = f"initializer {tensor.name!r}: external data {info['location']!r}"
+        files[path] = [_regular_file(path, what), 0]
+        try:
+            open(path, "rb").close()  # a regular file: opening cannot block
+        except OSError as e:
+            raise InspectError(f"{what}: cannot be read: {e.strerror}") from None
+    size = files[path][0].st_size
+    if offset + length > size:
+        raise InspectError(f"initializer {tensor.name!r}: external data {info['location']!r} has {size} "
+                           f"bytes, the tensor needs [{offset}, {offset + length})")
+    files[path][1] += length
+    return path, offset, length
+
+
+def _not_sparse(files):
+    """Refuse a data file that declares far more tensor bytes than it holds on disk (holes read as zeros:
+    a few KiB could otherwise make onnxruntime materialise gigabytes)."""
+    for path, (info, declared) in files.items():
+        held = info.st_blocks * 512
+        if declared > _SPARSE_FROM and held < declared // 2:
+            raise InspectError(f"external data {os.path.basename(path)!r} holds {held} bytes on disk but its tensors "
+                               f"declare {declared}: a sparse file; refused")
+
+
+def _type_name(tensor):
+    return TensorProto.DataType.Name(tensor.data_type) if tensor.data_type in TensorProto.DataType.values() \
+        else str(tensor.data_type)
+
+
+_TYPED = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+
+
+def check_tensor(tensor, folder, files):
+    """A Tensor for `tensor` if its type, dims and data agree; else InspectError naming what is wrong."""
+    what = f"initializer {tensor.name!r}"
+    if tensor.data_type not in BITS:
+        raise InspectError(f"{what}: data type {_type_name(tensor)} is unknown or unsupported here")
+    if any(d < 0 for d in tensor.dims):
+        raise InspectError(f"{what}: negative dimension in {list(tensor.dims)}")
+    elements = 1
+    for d in tensor.dims:
+        elements *= d
+        if elements > _MAX_ELEMENTS:
+            raise InspectError(f"{what}: dims {list(tensor.dims)} declare more elements than any file holds")
+    nbytes = (elements * BITS[tensor.data_type] + 7) // 8
+    if tensor.HasField("segment"):
+        raise InspectError(f"{what}: segmented tensors are not supported")
+    if tensor.data_location == TensorProto.EXTERNAL:
+        return Tensor(tensor, nbytes, _external(tensor, folder, nbytes, files))
+    if tensor.data_location != TensorProto.DEFAULT:
+        raise InspectError(f"{what}: unknown data_location {tensor.data_location}")
+    if tensor.HasField("raw_data"):
+        if len(tensor.raw_data) != nbytes:
+            raise InspectError(f"{what}: raw data holds {len(tensor.raw_data)} bytes, dims {list(tensor.dims)} "
+                               f"of {_type_name(tensor)} need {nbytes}")
+        return Tensor(tensor, nbytes)
+    typed = sum(len(getattr(tensor, field)) for field in _TYPED)
+    if typed == 0 and elements:
+        raise InspectError(f"{what}: dims {list(tensor.dims)} but no data")
+    if typed > 2 * elements:  # two entries an element at most (complex); packed types hold fewer
+        raise InspectError(f"{what}: {typed} stored values for dims {list(tensor.dims)}")
+    if elements:
+        try:
+            values = numpy_helper.to_array(tensor)  # small: bounded by what the file holds
+        except Exception as e:  # noqa: BLE001 - any failure here is a malformed tensor
+            raise InspectError(f"{what}: its data does not match dims {list(tensor.dims)} of "
+                               f"{_type_name(tensor)} ({type(e).__name__})") from None
+        if values.size != elements:
+            raise InspectError(f"{what}: {values.size} values for dims {list(tensor.dims)}")
+    return Tensor(tensor, nbytes)
+
+
+def _all_tensors(graph):
+    """Every TensorProto in `graph` and its subgraphs: initializers, sparse parts, attribute tensors."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        yield from ((t, g is graph) for t in g.initializer)
+        for sparse in g.sparse_initializer:
+            yield from ((sparse.values, False), (sparse.indices, False))
+        for node in g.node:
+            for a in node.attribute:
+                if a.HasField("t"):
+                    yield a.t, False
+                yield from ((t, False) for t in a.tensors)
+                if a.HasField("sparse_tensor"):
+                    yield from ((a.sparse_tensor.values, False), (a.sparse_tensor.indices, False))
+                for s in a.sparse_tensors:
+                    yield from ((s.values, False), (s.indices, False))
+                if a.HasField("g"):
+                    stack.append(a.g)
+                stack.extend(a.graphs)
+
+
+def load(path, folder=None):
+    """Parse `path` and check every tensor in it (main graph, subgraphs, attributes): a Model, or InspectError.
+
+    `folder` is where external data may live (default: the model's own folder). Nothing outside it is opened.
+    """
+    size = _regular_file(path, os.fspath(path)).st_size
+    with open(path, "rb") as f:
+        data = f.read()
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RecursionError, ValueError):
+        raise InspectError(f"{path}: not an ONNX model (it does not parse; truncated?)") from None
+    if proto.ir_version <= 0 or not proto.opset_import or not proto.HasField("graph"):
+        raise InspectError(f"{path}: not an ONNX model (no IR version, opset or graph)")
+    folder = os.path.realpath(folder or os.path.dirname(os.path.abspath(path)))
+    files, tensors = {}, {}
+    for tensor, top in _all_tensors(proto.graph):
+        checked = check_tensor(tensor, folder, files)
+        if top:
+            if tensor.name in tensors:
+                raise InspectError(f"initializer {tensor.name!r} is defined twice")
+            tensors[tensor.name] = checked
+    _not_sparse(files)
+    return Model(path, proto, tensors, size + sum(info.st_size for info, _ in files.values()), folder)

@@ -1,0 +1,129 @@
+"""--retie: make every duplicated head read its table in a form onnxruntime keeps as one, prove it, then write."""
+import os
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+import graphs
+from runtime.inspect import isolated
+from runtime.inspect.reading import InspectError, load
+from runtime.inspect.relations import runtime_copies
+
+
+def _const(graph, name, values):
+    graph.initializer.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
+    return name
+
+
+def rewrite(model, heads, pairs):
+    """Rewrite `model.proto` in place so that every duplicated head, and every head reading its table through a
+    Transpose (which onnxruntime would fold into a copy), becomes Gemm(transB=1) on the table itself.
+    Returns [(node output, hidden input, table)] for the heads rewritten."""
+    graph = model.proto.graph
+    table_of = {}
+    for p in pairs:
+        if p["relation"] in ("duplicate", "transposed_duplicate") or (p["relation"] == "shared" and p["via_transpose"]):
+            table_of[p["head"]] = p["table"]
+    rewritten = []
+    for i, head in enumerate(h for h in heads if h["initializer"] in table_of):
+        node, table = head["node"], table_of[head["initializer"]]
+        vocab, width = model.tensors[table].dims
+        hidden, output = node.input[0], node.output[0]
+        if node.op_type == "Gemm":
+            kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
+            del node.attribute[:]
+            node.attribute.extend(kept)
+            node.input[1] = table  # B becomes the table itself, read transposed in place
+            node.attribute.append(helper.make_attribute("transB", 1))
+        else:
+            taken = {n for node_ in graph.node for n in list(node_.input) + list(node_.output)} | set(model.tensors)
+            prefix = next(p for p in (f"retie{i}_{j}_" for j in range(10**6)) if not any(n.startswith(p) for n in taken))
+            at = list(graph.node).index(node)
+            new = [
+                helper.make_node("Shape", [hidden], [prefix + "hidden_shape"], name=prefix + "shape"),
+                helper.make_node("Slice", [prefix + "hidden_shape", _const(graph, prefix + "zero", [0]),
+                                           _const(graph, prefix + "minus_one", [-1])], [prefix + "lead_dims"],
+                                 name=prefix + "lead_dims"),
+                helper.make_node("Concat", [prefix + "lead_dims", _const(graph, prefix + "vocab", [vocab])],
+                                 [prefix + "logits_shape"], name=prefix + "logits_shape", axis=0),
+                helper.make_node("Reshape", [hidden, _const(graph, prefix + "rows_shape", [-1, width])], [prefix + "rows"],
+                                 name=prefix + "flatten"),
+                helper.make_node("Gemm", [prefix + "rows", table], [prefix + "logits_rows"], name=prefix + "tied_head",
+                                 doc_string=f"tied head: hidden @ {table}^T, read in place (retied by runtime.inspect)",
+                                 transB=1),
+                helper.make_node("Reshape", [prefix + "logits_rows", prefix + "logits_shape"], [output],
+                                 name=prefix + "unflatten"),
+            ]
+            graph.node.remove(node)
+            for offset, n in enumerate(new):
+                graph.node.insert(at + offset, n)
+        rewritten.append((output, hidden, table))
+    _drop_dead(graph)
+    return rewritten
+
+
+def _drop_dead(graph):
+    """Remove nodes whose outputs nobody reads, then initializers nobody reads."""
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = {name for node in graph.node for name in node.input} | outputs
+        dead = [n for n in graph.node if not any(o in read for o in n.output)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    read = {name for node in graph.node for name in node.input} | outputs
+    for tensor in [t for t in graph.initializer if t.name not in read]:
+        graph.initializer.remove(tensor)
+
+
+def _inline(model):
+    """Bring external tensors into the proto (they were checked and lie inside the model's folder)."""
+    for tensor in model.proto.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            tensor.raw_data = bytes(model.tensors[tensor.name].raw())
+            tensor.data_location = TensorProto.DEFAULT
+            del tensor.external_data[:]
+
+
+def retie(model, found, out_path, folder, limits, say):
+    """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven."""
+    if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
+        raise InspectError(f"{model.path}: opset below 13; --retie rewrites with opset-13 Slice and Reshape")
+    rewritten = rewrite(model, found["heads"], found["pairs"])
+    if not rewritten:
+        say("retie: nothing to do: no duplicated head, and no head reading its table through a Transpose\n")
+        return 0
+    _inline(model)
+    staged = os.path.join(folder, "retied.onnx")
+    graphs.save(model.proto, staged, check=False)  # checked, like everything else, in the isolated child
+    rows = {gather.input[1]: model.tensors[table].dims[0] for table, gather in found["tables"]}
+    job = {"kind": "prove", "before": os.path.abspath(model.path), "after": staged, "rewritten": rewritten,
+           "rows": rows, "folder": folder}
+    try:
+        failures = isolated.call(job, "proving the retied model", limits, model.file_bytes)["failures"]
+        optimized = os.path.join(folder, "retied.optimized.onnx")
+        isolated.call({"kind": "optimize", "model": staged, "out": optimized, "folder": folder},
+                      "optimizing the retied model", limits, model.file_bytes)
+    except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
+        say(f"retie: failed, nothing written: {e}\n")
+        return 1
+    retied = load(staged)
+    copies = runtime_copies(retied, load(optimized, folder), [table for _, _, table in rewritten])
+    tables = sorted({table for _, _, table in rewritten})
+    for table in tables:
+        extra = [c["name"] for c in copies if c.get("copy_of") == table]
+        if extra:
+            failures.append(f"onnxruntime still copies {table} at run time: {extra}")
+    if failures:
+        say(f"retie: not proven, nothing written: {failures[0]}\n")
+        return 1
+    written = graphs.save(model.proto, out_path, check=False)  # the same model the child checked in full
+    size = sum(os.path.getsize(p) for p in written)
+    memory = sum(t.nbytes for t in load(optimized, folder).tensors.values())
+    say(f"retie: {len(rewritten)} head(s) now read {tables}; outputs equal on random ids (heads within "
+        f"2 gamma_w sum|a b|, the rest bit for bit); onnxruntime keeps one copy\n")
+    say(f"retie: wrote {out_path}: {model.file_bytes} -> {size} bytes on disk "
+        f"(saved {model.file_bytes - size}); initializers in onnxruntime's optimized model "
+        f"{found['optimized_bytes']} -> {memory} bytes (saved {found['optimized_bytes'] - memory})\n")
+    return 0
