@@ -2,7 +2,7 @@
 import os
 import sys
 
-from embed import _Parser  # argparse with one-line errors, exit 2
+from embed import OneLineParser  # argparse with one-line errors, exit 2
 from graphs.builders import gather_lookup, neighbors, onehot_lookup, scaled_lookup, tied_logits, untied_logits
 from graphs.storage import data_path, save
 from graphs.table import make_table
@@ -21,7 +21,7 @@ def build_all(vocab_size, width, seed):
 
 
 def main(argv=None):
-    parser = _Parser(prog="python -m graphs.export", description=__doc__.split(": ", 1)[1])
+    parser = OneLineParser(prog="python -m graphs.export", description=__doc__.split(": ", 1)[1])
     parser.add_argument("dir", metavar="DIR", help="folder to write into (created if missing)")
     parser.add_argument("--vocab-size", type=int, default=256, help="rows in the table (default 256)")
     parser.add_argument("--width", type=int, default=32, help="values per row (default 32)")

@@ -17,7 +17,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 import graphs
-from embed import _Parser  # argparse with one-line errors, exit 2
+from embed import OneLineParser  # argparse with one-line errors, exit 2
 from runtime.runner import session_options
 
 WIDTH = 768
@@ -279,7 +279,7 @@ def plot(results, path):
 
 
 def main(argv=None):
-    parser = _Parser(prog="python -m runtime.bench", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser = OneLineParser(prog="python -m runtime.bench", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     parser.add_argument("--quick", action="store_true", help="smaller sweep, under a minute")
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="plot the ratios (needs matplotlib)")

@@ -35,6 +35,25 @@ def test_make_table_known_splitmix64_value():
     assert embed.make_table(1, 2, seed=0)[0][1] == expected
 
 
+@pytest.mark.parametrize("vocab, width, seed", [(5, 1, 0), (3, 768, 7), (2, 33, -2**63), (4, 5, 2**64 + 3)])
+def test_make_table_packed_rows_equal_mix64_value_by_value(vocab, width, seed):
+    # make_table mixes a row's counters in 128-bit lanes of one int; the definition is one mix64 per value.
+    key, table = embed.mix64(seed & (2**64 - 1)), embed.make_table(vocab, width, seed)
+    for row in range(vocab):
+        for col in range(width):
+            z = embed.mix64((key + ((row << 32) | col) * embed.GOLDEN) & (2**64 - 1))
+            assert table[row][col] == ((z >> 41) * 2 - (2**23 - 1)) / 2**23
+
+
+def test_make_table_far_rows_equal_mix64():
+    row = 2**20 + 17  # a row of a large vocabulary: the counter's row part is well past 32 bits of golden
+    table = embed.make_table(row + 1, 3, 1)
+    key = embed.mix64(1)
+    for col in range(3):
+        z = embed.mix64((key + ((row << 32) | col) * embed.GOLDEN) & (2**64 - 1))
+        assert table[row][col] == ((z >> 41) * 2 - (2**23 - 1)) / 2**23
+
+
 def test_make_table_shape_values_and_determinism():
     table = embed.make_table(33, 7, seed=5)
     assert embed.shape(table) == (33, 7)
@@ -96,7 +115,7 @@ def test_lookup_returns_copies_and_leaves_input_alone():
 def test_onehot_lookup_equals_lookup_bit_for_bit_and_counts_products():
     table = embed.make_table(40, 6, seed=3)
     ids = [39, 0, 7, 7]
-    rows, multiplications = embed._onehot_rows(table, ids)
+    rows, multiplications = embed.onehot_lookup_counted(table, ids)
     assert [[struct.pack("<d", v) for v in r] for r in rows] == \
            [[struct.pack("<d", v) for v in table[i]] for i in ids]
     assert multiplications == len(ids) * 40 * 6

@@ -1,0 +1,19 @@
+"""python -m runtime.compare: build every graph, run it in onnxruntime, and check each claim against embed.py.
+
+One line per check: PASS/FAIL (or N/A where the chosen inputs make a claim not apply), what was
+compared, the measured difference and the tolerance used. Float32 scores are held to float32's
+error bound for a sum of `width` products, |s - exact| <= gamma_w * sum|a_i b_i| with
+gamma_w = w u / (1 - w u), u = 2**-24; lookups are held to the bit.
+
+lab: the shared reference and bounds; lookups, heads, sizes, neighbours: the checks; cli: the command.
+"""
+from runtime.compare.cli import CHECKS, parse
+from runtime.compare.cli import main as _main
+from runtime.compare.lab import Check, Lab, gamma, within
+
+__all__ = ["CHECKS", "Check", "Lab", "gamma", "main", "parse", "within"]
+
+
+def main(argv=None):
+    """Run the checks; 0 all pass, 1 any fails, 2 bad usage."""
+    return _main(argv, description=__doc__.split("\n\n")[0].split(": ", 1)[1])

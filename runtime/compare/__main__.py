@@ -1,0 +1,5 @@
+import sys
+
+from runtime.compare import main
+
+sys.exit(main())
