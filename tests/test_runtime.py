@@ -149,3 +149,25 @@ def test_compare_bad_input_exit_2_one_line(args):
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stdout == "" and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_compare_progress_only_on_a_terminal():
+    import pty
+    leader, follower = pty.openpty()
+    done = subprocess.run([sys.executable, "-m", "runtime.compare", *SMALL], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=follower, text=True, timeout=300)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: all read
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert done.returncode == 0 and "PASS" in done.stdout and "\r[" not in done.stdout
+    assert b"\r[" in shown and b" s] reference table" in shown  # stage and elapsed seconds, refreshed in place
+    quiet = subprocess.run([sys.executable, "-m", "runtime.compare", *SMALL], cwd=ROOT, capture_output=True, text=True)
+    assert quiet.stderr == ""

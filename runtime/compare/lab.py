@@ -1,5 +1,6 @@
 """What every check shares: the configuration, the reference tables, float32 bounds, and the Check record."""
 import multiprocessing
+from multiprocessing import shared_memory
 import sys
 import time
 from dataclasses import dataclass, field
@@ -81,10 +82,32 @@ def _quiet(stage):
 
 
 def _run_tasks(conn, tasks):
-    """In the second process: run each (key, function, args) in order and send (key, result) as it finishes."""
+    """In the second process: run each (key, function, args) in order and send (key, result) as it finishes; a
+    task with key None yields its own (key, result) pairs."""
     for key, function, args in tasks:
-        conn.send((key, function(*args)))
+        for pair in function(*args) if key is None else [(key, function(*args))]:
+            conn.send(pair)
     conn.close()
+
+
+def _table_passes(shared, shape, query, stretch, work):
+    """In the second process: the reference table, from shared memory as Python floats (the very values
+    embed.make_table made, float64 round-trips them exactly), then each (key, what, table factor, argument) of
+    `work`: embed.onehot_lookup, embed.neighbors (every other token, ranked) or embed.logits of a row."""
+    memory = shared_memory.SharedMemory(name=shared)
+    table = np.ndarray(shape, np.float64, memory.buf).tolist()
+    memory.close()
+    stretched = {None: table}
+    for key, what, factor, argument in work:
+        if factor not in stretched:
+            stretched[factor] = embed.stretch_row(table, stretch, factor)
+        rows = stretched[factor]
+        if what == "onehot":
+            yield key, embed.onehot_lookup(rows, argument)
+        elif what == "neighbors":
+            yield key, embed.neighbors(rows, query, len(rows), argument)
+        else:
+            yield key, embed.logits(rows, rows[argument])
 
 
 class _Worker:
@@ -92,23 +115,24 @@ class _Worker:
     arguments). It comes from a forkserver, not a fork of this process: forking a process whose native threads
     (onnxruntime's pools) may hold locks can leave the child waiting forever."""
 
-    def __init__(self, tasks):
+    def __init__(self, tasks, keys=()):
         context = multiprocessing.get_context("forkserver")
         self._pipe, child_end = context.Pipe(duplex=False)
         self._process = context.Process(target=_run_tasks, args=(child_end, tasks), daemon=True)
         self._process.start()
         child_end.close()
-        self.tasks, self._results = {key: (function, args) for key, function, args in tasks}, {}
+        self.tasks = {key: (function, args) for key, function, args in tasks if key is not None}
+        self.tasks.update({key: None for key in keys})  # answered by a task that yields several
+        self._results = {}
 
     def result(self, key, progress):
-        """The task's result, waiting for it if need be (computed here if the process died)."""
+        """The task's result, waiting for it if need be."""
         while key not in self._results:
             progress(f"waiting for {key[0]} (second process)")
             try:
                 got, value = self._pipe.recv()
-            except EOFError:  # the process is gone: do the rest here rather than fail the run
-                function, args = self.tasks[key]
-                got, value = key, function(*args)
+            except EOFError:  # the process is gone
+                raise RuntimeError(f"the second process ended before computing {key}") from None
             self._results[got] = value
         return self._results[key]
 
@@ -162,14 +186,32 @@ class Lab:
             self.stretch = ranked[1] if len(ranked) > 1 else ranked[0]
         if self.factor is None:
             self.factor = self.lead(beat_query=False) or 2.0
+        # The reference's passes over the table that later checks need run in a second process meanwhile.
+        self._shared = shared_memory.SharedMemory(create=True, size=self.table64.nbytes)
+        np.ndarray(self.table64.shape, np.float64, self._shared.buf)[:] = self.table64
+        work = list(self._table_work())
+        self._workers.append(_Worker([(None, _table_passes, (self._shared.name, self.table64.shape, self.query,
+                                                             self.stretch, work))], [w[0] for w in work]))
         progress("building the seven graphs")
         self.models = build_all(self.vocab, self.width, self.seed)  # graphs build from graphs.make_table
         self.runners = {}
 
+    def _table_work(self):
+        """(memo key, what, table factor, argument) for the second process, in the order the checks ask."""
+        yield ("onehot",), "onehot", None, list(dict.fromkeys(self.ids))
+        yield ("neighbors", "table", "cosine"), "neighbors", None, "cosine"
+        for metric in ("dot", "cosine"):
+            yield ("neighbors", ("stretched", self.factor), metric), "neighbors", self.factor, metric
+        for token in dict.fromkeys(self.ids):
+            yield ("logits", "table", token), "logits", None, token
+        top = self.factor if self.user_factor else self.lead(beat_query=True)
+        if top is not None:
+            yield ("logits", ("stretched", top), self.query), "logits", top, self.query
+
     def onehot(self):
         """embed.onehot_lookup(table, ids), asked once per distinct id (a repeated id is the same product again)."""
         distinct = list(dict.fromkeys(self.ids))
-        rows = dict(zip(distinct, embed.onehot_lookup(self.table, distinct)))
+        rows = dict(zip(distinct, self.memo(("onehot",), lambda: embed.onehot_lookup(self.table, distinct))))
         return [rows[i] for i in self.ids]
 
     def lead(self, beat_query):
@@ -267,3 +309,6 @@ class Lab:
     def close(self):
         for worker in self._workers:
             worker.close()
+        if hasattr(self, "_shared"):
+            self._shared.close()
+            self._shared.unlink()
