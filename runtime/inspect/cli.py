@@ -8,7 +8,7 @@ import tempfile
 import graphs
 from runtime.inspect import isolated
 from runtime.inspect.reading import InspectError, load
-from runtime.inspect.relations import relate, runtime_copies
+from runtime.inspect.relations import SMALL_COPY, relate, runtime_copies, vocabulary
 from runtime.inspect.retie import retie
 from runtime.inspect.walk import find_tables_and_heads
 
@@ -40,38 +40,56 @@ def inspect_model(path, folder, limits=None):
     except isolated.StepFailed as e:
         raise InspectError(f"{path}: onnxruntime cannot load it: {str(e).split(': ', 1)[-1]}") from None
     optimized = load(optimized_path, folder)
-    watched = list(dict.fromkeys([t for t, _ in tables] + [h["initializer"] for h in heads]))
+    watched = list(dict.fromkeys([t["initializer"] for t in tables] + [h["initializer"] for h in heads]))
     initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
                      "bytes": t.nbytes} for t in model.tensors.values()]
+    copies = runtime_copies(model, optimized, watched)
     return {"model": model, "tables": tables, "heads": heads, "file_bytes": model.file_bytes,
-            "initializers": initializers, "pairs": pairs,
-            "runtime_copies": runtime_copies(model, optimized, watched),
+            "initializers": initializers, "pairs": pairs, "runtime_copies": copies,
+            "vocabulary": vocabulary(model, tables, heads, pairs, copies),
             "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values())}
 
 
 def _report(info, path, out):
     w = out.write
     w(f"{path}: {len(info['initializers'])} initializers, {info['file_bytes']} bytes on disk\n")
+    for v in info["vocabulary"]:
+        tie = f"tied to head {v['head']}" if v["tied"] else "not tied"
+        w(f"vocabulary: table {v['table']} {v['vocab_size']} x {v['width']} {v['format']}, {v['bytes']} bytes, {tie}; "
+          f"{v['tables_in_memory']} cop{'y' if v['tables_in_memory'] == 1 else 'ies'} in onnxruntime's optimized "
+          f"model; {v['parameter_share']:.1%} of the parameters, {v['byte_share']:.1%} of the bytes\n")
+    if not info["vocabulary"]:
+        w("vocabulary: no table (no Gather or GatherBlockQuantized reads rows from an initializer)\n")
     w(f"  {'name':<32} {'dtype':<8} {'shape':<16} {'elements':>12} {'bytes':>12}\n")
     for i in info["initializers"]:
         w(f"  {i['name']:<32} {i['dtype']:<8} {str(i['shape']):<16} {i['elements']:>12} {i['bytes']:>12}\n")
-    w("tables (read by Gather): " + (", ".join(t for t, _ in info["tables"]) or "none") + "\n")
-    heads = [f"{h['initializer']} ({h['node'].op_type}{', through Transpose' if h['flips'] else ''})"
-             for h in info["heads"]]
-    w("heads (MatMul/Gemm weights): " + (", ".join(heads) or "none") + "\n")
+    tables = [f"{t['initializer']} ({t['node'].op_type}{_views(t)})" for t in info["tables"]]
+    w("tables (read by Gather/GatherBlockQuantized): " + (", ".join(tables) or "none") + "\n")
+    heads = [f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in info["heads"]]
+    w("heads (MatMul/Gemm/MatMulNBits weights): " + (", ".join(heads) or "none") + "\n")
     for p in info["pairs"]:
         w(f"pair {p['table']} / {p['head']}: {p['relation']}, {p['wasted_bytes']} bytes wasted in the file\n")
     if not info["pairs"]:
         w("no table/head pair of matching shape\n")
+    small = [c for c in info["runtime_copies"] if c["bytes"] < SMALL_COPY and "copy_of" not in c]
     for c in info["runtime_copies"]:
-        what = f" = {c['copy_of']}{' transposed' if c['transposed'] else ''}" if "copy_of" in c else ""
+        if c in small:
+            continue
+        what = f" = {c['copy_of']}{'' if c['view'] == 'same' else ' ' + c['view']}" if "copy_of" in c else ""
         w(f"runtime copy {c['name']} {c['shape']}: {c['bytes']} bytes added by onnxruntime's optimizations{what}\n")
+    if small:
+        w(f"runtime copies under {SMALL_COPY} bytes: {len(small)} (folded constants), "
+          f"{sum(c['bytes'] for c in small)} bytes in all\n")
     if not info["runtime_copies"]:
         w("runtime copies: none (onnxruntime's optimized model adds no initializer)\n")
 
 
+def _views(entry):
+    return f", through {', '.join(entry['views'])}" if entry["views"] else ""
+
+
 def _json(info):
-    return {"file_bytes": info["file_bytes"], "initializers": info["initializers"],
+    return {"file_bytes": info["file_bytes"], "initializers": info["initializers"], "vocabulary": info["vocabulary"],
             "pairs": [{k: p[k] for k in ("table", "head", "relation", "wasted_bytes")} for p in info["pairs"]],
             "runtime_copies": info["runtime_copies"]}
 

@@ -1,5 +1,6 @@
 """What is tied to what: table/head pairs, and the copies onnxruntime's optimized model adds."""
 import numpy as np
+from onnx import TensorProto
 
 _CHUNK = 16 * 2**20  # bytes compared at a time, so a memory-mapped table is never read whole at once
 
@@ -20,37 +21,88 @@ def same_values(a, b, transposed=False):
                for i in range(0, x.shape[0], rows))
 
 
+def _stored_as_table(entry):
+    """Whether the entry's initializer is stored [vocab, width] (rows are tokens)."""
+    return entry.get("as_table", entry["flips"] % 2 == 0)
+
+
 def relate(model, tables, heads):
-    """[{table, head, relation, wasted_bytes, node, via_transpose}] for every table/head pair of matching shape."""
+    """[{table, head, relation, wasted_bytes, node, via_transpose}] for every table/head pair of the same
+    vocab x width: `shared` (one stored tensor, whatever view each op takes), `duplicate` or
+    `transposed_duplicate` (another initializer with the same values), or `distinct`."""
     pairs = []
-    for table, _ in tables:
-        t = model.tensors[table]
+    for table in tables:
+        t = model.tensors[table["initializer"]]
         for head in heads:
-            h = model.tensors[head["initializer"]]
-            if h.dims != (t.dims if head["as_table"] else t.dims[::-1]):
+            if (head["vocab"], head["width"]) != (table["vocab"], table["width"]):
                 continue
-            if head["initializer"] == table:
+            h = model.tensors[head["initializer"]]
+            transposed = _stored_as_table(table) != _stored_as_table(head)
+            if head["initializer"] == table["initializer"]:
                 relation, wasted = "shared", 0
-            elif same_values(t, h, transposed=not head["as_table"]):
-                relation, wasted = ("duplicate" if head["as_table"] else "transposed_duplicate"), h.nbytes
+            elif same_values(t, h, transposed=transposed) and _same_scales(model, table["scales"], head["scales"]):
+                relation, wasted = ("transposed_duplicate" if transposed else "duplicate"), head["bytes"]
             else:
                 relation, wasted = "distinct", 0
-            pairs.append({"table": table, "head": head["initializer"], "relation": relation, "wasted_bytes": wasted,
-                          "node": head["node"].name or head["node"].output[0], "via_transpose": head["flips"] > 0})
+            pairs.append({"table": table["initializer"], "head": head["initializer"], "relation": relation,
+                          "wasted_bytes": wasted, "node": head["node"].name or head["node"].output[0],
+                          "via_transpose": head["flips"] > 0 or table["flips"] > 0, "table_entry": table,
+                          "head_entry": head})
     return pairs
 
 
-def runtime_copies(model, optimized, tables):
-    """Initializers the optimized model holds that `model` does not, each with the table it copies, if any."""
+def _same_scales(model, a, b):
+    if a == b:
+        return True
+    return a is not None and b is not None and same_values(model.tensors[a], model.tensors[b])
+
+
+def runtime_copies(model, optimized, watched):
+    """Initializers the optimized model holds that `model` does not, each with the watched initializer whose
+    values it holds, if any: the same, transposed, or reshaped (the same bytes under other dims)."""
     copies = []
     for name, tensor in optimized.tensors.items():
         if name in model.tensors:
             continue
         entry = {"name": name, "bytes": tensor.nbytes, "shape": tensor.dims}
-        for table in tables:
-            source = model.tensors[table]
-            for transposed in (False, True):
-                if same_values(source, tensor, transposed):
-                    entry["copy_of"], entry["transposed"] = table, transposed
+        for source_name in watched:
+            source = model.tensors[source_name]
+            if same_values(source, tensor, transposed=True) and source.dims != tensor.dims:
+                view = "transposed"
+            elif source.data_type == tensor.data_type and source.nbytes == tensor.nbytes and _same_bytes(source, tensor):
+                view = "same" if source.dims == tensor.dims else "reshaped"
+            else:
+                continue
+            entry.update(copy_of=source_name, view=view, transposed=view == "transposed")
+            break
         copies.append(entry)
     return copies
+
+
+def _same_bytes(a, b):
+    x, y = a.raw(), b.raw()
+    return all(np.array_equal(x[i:i + _CHUNK], y[i:i + _CHUNK]) for i in range(0, len(x), _CHUNK))
+
+
+SMALL_COPY = 4096  # runtime copies under this many bytes (folded shape constants) are summarised in one line
+
+
+def vocabulary(model, tables, heads, pairs, copies):
+    """One entry per table a lookup reads: size, format, bytes, tie, and copies in onnxruntime's memory."""
+    packed = {e["initializer"] for e in tables + heads if e["format"] == "int4"}  # two codes a byte
+    params = sum(t.elements * (2 if t.name in packed and t.data_type == TensorProto.UINT8 else 1)
+                 for t in model.tensors.values())
+    total_bytes = sum(t.nbytes for t in model.tensors.values())
+    entries = []
+    for table in tables:
+        mine = [p for p in pairs if p["table"] == table["initializer"]]
+        tie = next((p for p in mine if p["relation"] == "shared"), None) or next(
+            (p for p in mine if p["relation"] in ("duplicate", "transposed_duplicate")), None)
+        stored = {table["initializer"]} | ({tie["head"]} if tie else set())
+        in_memory = len(stored) + sum(c.get("copy_of") in stored for c in copies)
+        entries.append({"table": table["initializer"], "vocab_size": table["vocab"], "width": table["width"],
+                        "format": table["format"], "bytes": table["bytes"], "tied": tie is not None,
+                        "head": tie["head"] if tie else None, "tables_in_memory": in_memory,
+                        "parameter_share": round(table["vocab"] * table["width"] / params, 4) if params else None,
+                        "byte_share": round(table["bytes"] / total_bytes, 4) if total_bytes else None})
+    return entries

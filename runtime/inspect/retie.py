@@ -1,4 +1,5 @@
 """--retie: make every duplicated head read its table in a form onnxruntime keeps as one, prove it, then write."""
+import json
 import os
 
 import numpy as np
@@ -15,51 +16,73 @@ def _const(graph, name, values):
     return name
 
 
+def _unique(graph, model, base):
+    """`base`, or `base` with the first number that makes it a name the graph does not use."""
+    taken = {n for node in graph.node for n in list(node.input) + list(node.output)} | set(model.tensors)
+    return next(name for name in [base] + [f"{base}{j}" for j in range(10**6)] if name not in taken)
+
+
 def rewrite(model, heads, pairs):
-    """Rewrite `model.proto` in place so that every duplicated head, and every head reading its table through a
-    Transpose (which onnxruntime would fold into a copy), becomes Gemm(transB=1) on the table itself.
-    Returns [(node output, hidden input, table)] for the heads rewritten."""
+    """Rewrite `model.proto` in place so that each table and its head read one tensor stored [vocab, width] in a
+    form onnxruntime keeps as one: a duplicated head, or a head or lookup reading the table through a Transpose
+    (which onnxruntime folds into a copy), becomes Gemm(transB=1) on the table itself, and a table stored
+    [width, vocab] (onnxruntime-genai's shared embeddings) is stored once the other way round.
+    Returns [(head output, hidden input, table as the original stores it, whether transposed there, the table's
+    name now)]."""
     graph = model.proto.graph
-    table_of = {}
+    rewritten, done = [], set()
     for p in pairs:
-        if p["relation"] in ("duplicate", "transposed_duplicate") or (p["relation"] == "shared" and p["via_transpose"]):
-            table_of[p["head"]] = p["table"]
-    rewritten = []
-    for i, head in enumerate(h for h in heads if h["initializer"] in table_of):
-        node, table = head["node"], table_of[head["initializer"]]
-        vocab, width = model.tensors[table].dims
-        hidden, output = node.input[0], node.output[0]
-        if node.op_type == "Gemm":
-            kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
-            del node.attribute[:]
-            node.attribute.extend(kept)
-            node.input[1] = table  # B becomes the table itself, read transposed in place
-            node.attribute.append(helper.make_attribute("transB", 1))
-        else:
-            taken = {n for node_ in graph.node for n in list(node_.input) + list(node_.output)} | set(model.tensors)
-            prefix = next(p for p in (f"retie{i}_{j}_" for j in range(10**6)) if not any(n.startswith(p) for n in taken))
-            at = list(graph.node).index(node)
-            new = [
-                helper.make_node("Shape", [hidden], [prefix + "hidden_shape"], name=prefix + "shape"),
-                helper.make_node("Slice", [prefix + "hidden_shape", _const(graph, prefix + "zero", [0]),
-                                           _const(graph, prefix + "minus_one", [-1])], [prefix + "lead_dims"],
-                                 name=prefix + "lead_dims"),
-                helper.make_node("Concat", [prefix + "lead_dims", _const(graph, prefix + "vocab", [vocab])],
-                                 [prefix + "logits_shape"], name=prefix + "logits_shape", axis=0),
-                helper.make_node("Reshape", [hidden, _const(graph, prefix + "rows_shape", [-1, width])], [prefix + "rows"],
-                                 name=prefix + "flatten"),
-                helper.make_node("Gemm", [prefix + "rows", table], [prefix + "logits_rows"], name=prefix + "tied_head",
-                                 doc_string=f"tied head: hidden @ {table}^T, read in place (retied by runtime.inspect)",
-                                 transB=1),
-                helper.make_node("Reshape", [prefix + "logits_rows", prefix + "logits_shape"], [output],
-                                 name=prefix + "unflatten"),
-            ]
-            graph.node.remove(node)
-            for offset, n in enumerate(new):
-                graph.node.insert(at + offset, n)
-        rewritten.append((output, hidden, table))
+        table, head = p["table_entry"], p["head_entry"]
+        plain = table["format"] == head["format"] == "float32" and "Reshape" not in table["views"] + head["views"]
+        wanted = p["relation"] in ("duplicate", "transposed_duplicate") or (
+            p["relation"] == "shared" and p["via_transpose"])
+        if not (plain and wanted) or id(head["node"]) in done:
+            continue
+        done.add(id(head["node"]))
+        name, flipped = table["initializer"], table["flips"] % 2 == 1
+        if flipped:  # stored [width, vocab]: store it once as [vocab, width] and look rows up directly
+            values = np.ascontiguousarray(model.tensors[name].values().T)
+            rows = _unique(graph, model, name + "_rows")
+            graph.initializer.append(numpy_helper.from_array(values, rows))
+            table["node"].input[0] = rows
+            name = rows
+        rewritten.append(_gemm_head(graph, model, head["node"], name, table["vocab"], table["width"], len(rewritten))
+                         + (table["initializer"], flipped, name))
     _drop_dead(graph)
     return rewritten
+
+
+def _gemm_head(graph, model, node, table, vocab, width, i):
+    """Make head `node` a Gemm(transB=1) on `table`; (output, hidden input)."""
+    hidden, output = node.input[0], node.output[0]
+    if node.op_type == "Gemm":
+        kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        node.input[1] = table  # B becomes the table itself, read transposed in place
+        node.attribute.append(helper.make_attribute("transB", 1))
+        return output, hidden
+    prefix = _unique(graph, model, f"retie{i}") + "_"
+    at = list(graph.node).index(node)
+    new = [
+        helper.make_node("Shape", [hidden], [prefix + "hidden_shape"], name=prefix + "shape"),
+        helper.make_node("Slice", [prefix + "hidden_shape", _const(graph, prefix + "zero", [0]),
+                                   _const(graph, prefix + "minus_one", [-1])], [prefix + "lead_dims"],
+                         name=prefix + "lead_dims"),
+        helper.make_node("Concat", [prefix + "lead_dims", _const(graph, prefix + "vocab", [vocab])],
+                         [prefix + "logits_shape"], name=prefix + "logits_shape", axis=0),
+        helper.make_node("Reshape", [hidden, _const(graph, prefix + "rows_shape", [-1, width])], [prefix + "rows"],
+                         name=prefix + "flatten"),
+        helper.make_node("Gemm", [prefix + "rows", table], [prefix + "logits_rows"], name=prefix + "tied_head",
+                         doc_string=f"tied head: hidden @ {table}^T, read in place (retied by runtime.inspect)",
+                         transB=1),
+        helper.make_node("Reshape", [prefix + "logits_rows", prefix + "logits_shape"], [output],
+                         name=prefix + "unflatten"),
+    ]
+    graph.node.remove(node)
+    for offset, n in enumerate(new):
+        graph.node.insert(at + offset, n)
+    return output, hidden
 
 
 def _drop_dead(graph):
@@ -86,20 +109,35 @@ def _inline(model):
             del tensor.external_data[:]
 
 
+def _genai_head_size(path):
+    """head_size from onnxruntime-genai's genai_config.json beside the model, if there is one that says."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(path)), "genai_config.json")) as f:
+            size = json.load(f)["model"]["decoder"]["head_size"]
+        return size if isinstance(size, int) and 0 < size < 2**16 else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def retie(model, found, out_path, folder, limits, say):
     """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven."""
     if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
         raise InspectError(f"{model.path}: opset below 13; --retie rewrites with opset-13 Slice and Reshape")
     rewritten = rewrite(model, found["heads"], found["pairs"])
+    for p in found["pairs"]:
+        views = p["table_entry"]["views"] + p["head_entry"]["views"]
+        if p["relation"] != "distinct" and (p["table_entry"]["format"] != "float32" or "Reshape" in views):
+            say(f"retie: {p['table']}: {p['table_entry']['format']} table read through {', '.join(views) or 'no view'} "
+                f"by {p['table_entry']['node'].op_type}: left as it is (--retie rewrites float32 tables only)\n")
     if not rewritten:
         say("retie: nothing to do: no duplicated head, and no head reading its table through a Transpose\n")
         return 0
     _inline(model)
     staged = os.path.join(folder, "retied.onnx")
     graphs.save(model.proto, staged, check=False)  # checked, like everything else, in the isolated child
-    rows = {gather.input[1]: model.tensors[table].dims[0] for table, gather in found["tables"]}
+    rows = {t["node"].input[1]: t["vocab"] for t in found["tables"]}
     job = {"kind": "prove", "before": os.path.abspath(model.path), "after": staged, "rewritten": rewritten,
-           "rows": rows, "folder": folder}
+           "rows": rows, "folder": folder, "head_size": _genai_head_size(model.path)}
     try:
         failures = isolated.call(job, "proving the retied model", limits, model.file_bytes)["failures"]
         optimized = os.path.join(folder, "retied.optimized.onnx")
@@ -109,10 +147,11 @@ def retie(model, found, out_path, folder, limits, say):
         say(f"retie: failed, nothing written: {e}\n")
         return 1
     retied = load(staged)
-    copies = runtime_copies(retied, load(optimized, folder), [table for _, _, table in rewritten])
-    tables = sorted({table for _, _, table in rewritten})
+    kept = sorted({final for *_, final in rewritten})
+    copies = runtime_copies(retied, load(optimized, folder), kept)
+    tables = kept
     for table in tables:
-        extra = [c["name"] for c in copies if c.get("copy_of") == table]
+        extra = [c["name"] for c in copies if c.get("copy_of") == table and c["bytes"] >= retied.tensors[table].nbytes]
         if extra:
             failures.append(f"onnxruntime still copies {table} at run time: {extra}")
     if failures:

@@ -1,7 +1,10 @@
 """Walking the graph: one topological order (a cycle is a finding), then tables and heads found through it."""
+from onnx import TensorProto, helper
+
 from runtime.inspect.reading import InspectError
 
-_VIEWS = ("Identity", "Transpose")  # ops a table may pass through on its way to a Gather, MatMul or Gemm
+# Ops exporters put between a stored table and the op that reads it; each passes on its input 0's values.
+_VIEWS = ("Identity", "Transpose", "Reshape", "Cast", "Squeeze", "Unsqueeze", "DequantizeLinear")
 
 
 def _label(node):
@@ -58,55 +61,101 @@ def _cycle(nodes, producer, stuck):
 
 
 class Resolver:
-    """Follows a tensor back through Identity and 2-D Transpose to the initializer it views, memoised."""
+    """Follows a tensor back through views (Identity, 2-D Transpose, Reshape, Cast, Squeeze, Unsqueeze,
+    DequantizeLinear) to the initializer it shows, memoised."""
 
     def __init__(self, producer, weights):
         self.producer, self.weights, self.known = producer, weights, {}
 
     def __call__(self, name):
-        """(initializer, transposes passed) or None. Terminates: check_order has ruled out cycles."""
+        """(initializer, transposes passed, ops passed) or None. Terminates: check_order has ruled out cycles."""
         chain = []
         while name not in self.known:
             if name in self.weights:
-                self.known[name] = (name, 0)
+                self.known[name] = (name, 0, ())
                 break
             node = self.producer.get(name)
             if node is None or node.op_type not in _VIEWS or not node.input:
                 self.known[name] = None
                 break
-            flip = 0
             if node.op_type == "Transpose":
                 perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
                 if perm and perm[0] != [1, 0]:
                     self.known[name] = None
                     break
-                flip = 1
-            chain.append((name, flip))
+            chain.append((name, node.op_type))
             name = node.input[0]
         found = self.known[name]
-        for step, flip in reversed(chain):
-            found = None if found is None else (found[0], found[1] + flip)
+        for step, op in reversed(chain):
+            found = None if found is None else (found[0], found[1] + (op == "Transpose"), found[2] + (op,))
             self.known[step] = found
         return found
 
 
+def _attribute(node, name, default=None):
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def _format(tensor, bits=None):
+    """One of embed.FORMATS for a stored table, or the ONNX type name; packed uint8 codes with bits=4 are int4."""
+    if bits == 4 and tensor.data_type in (TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4):
+        return "int4"
+    names = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16",
+             TensorProto.INT8: "int8", TensorProto.INT4: "int4"}
+    return names.get(tensor.data_type, TensorProto.DataType.Name(tensor.data_type).lower())
+
+
+def _entry(model, found, node, role, scales=None, bits=None, vocab=None, width=None):
+    """A table or head as found: its initializer, the op, the view taken, logical [vocab, width] and its bytes."""
+    tensor = model.tensors[found[0]]
+    if vocab is None:  # a plain 2-D float table: [vocab, width] as stored, or [width, vocab] read transposed
+        dims = tensor.dims if len(tensor.dims) == 2 else None
+        if dims is None or "Reshape" in found[2]:
+            return None
+        vocab, width = dims if (found[1] + (role == "head")) % 2 == 0 else dims[::-1]
+    scale_bytes = model.tensors[scales].nbytes if scales in model.tensors else 0
+    return {"initializer": found[0], "node": node, "flips": found[1], "views": list(found[2]), "vocab": vocab,
+            "width": width, "format": _format(tensor, bits), "scales": scales, "bytes": tensor.nbytes + scale_bytes}
+
+
 def find_tables_and_heads(model):
-    """Tables: [(initializer, Gather node)]; heads: [{initializer, node, as_table, flips}], for a checked Model."""
+    """Tables (what a Gather or GatherBlockQuantized reads rows from) and heads (the weight of a MatMul, Gemm or
+    MatMulNBits), each a dict from _entry, for a checked Model; heads also say `as_table` (stored [vocab, width])."""
     graph = model.proto.graph
     order, producer = check_order(graph)
     resolve = Resolver(producer, model.tensors)
     tables, heads, seen = [], [], set()
     for node in order:
-        if node.op_type == "Gather" and len(node.input) >= 2:
-            found = resolve(node.input[0])
-            if found and found[1] == 0 and found[0] not in seen and len(model.tensors[found[0]].dims) == 2:
-                seen.add(found[0])
-                tables.append((found[0], node))
-        elif node.op_type in ("MatMul", "Gemm") and len(node.input) >= 2:
-            found = resolve(node.input[1])
-            if found and len(model.tensors[found[0]].dims) == 2:
-                trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0) if node.op_type == "Gemm" else 0
-                # stored as [vocab, width], like a table, when the transposes on the way and transB add up odd
-                heads.append({"initializer": found[0], "node": node, "flips": found[1],
-                              "as_table": (found[1] + trans_b) % 2 == 1})
+        found = resolve(node.input[0]) if node.input else None
+        if node.op_type == "Gather" and len(node.input) >= 2 and found and found[0] not in seen:
+            entry = _entry(model, found, node, "table")
+        elif node.op_type == "GatherBlockQuantized" and len(node.input) >= 3 and found and found[0] not in seen:
+            scales = resolve(node.input[2])
+            block = _attribute(node, "block_size", 128)
+            rows = model.tensors[found[0]].dims
+            blocks = model.tensors[scales[0]].dims if scales else []
+            width = blocks[-1] * block if blocks and isinstance(block, int) and block > 0 else 0
+            entry = _entry(model, found, node, "table", scales[0], _attribute(node, "bits", 4), rows[0],
+                           width) if width > 0 and rows and rows[0] > 0 else None
+        else:
+            entry = None
+        if entry:
+            seen.add(found[0])
+            tables.append(entry)
+            continue
+        weight = resolve(node.input[1]) if len(node.input) >= 2 else None
+        if node.op_type in ("MatMul", "Gemm") and weight:
+            entry = _entry(model, weight, node, "head")
+            trans_b = _attribute(node, "transB", 0) if node.op_type == "Gemm" else 0
+            if entry:  # stored as [vocab, width], like a table, when the transposes and transB add up odd
+                entry["as_table"] = (weight[1] + trans_b) % 2 == 1
+                if trans_b:
+                    entry["vocab"], entry["width"] = entry["width"], entry["vocab"]
+                heads.append(entry)
+        elif node.op_type == "MatMulNBits" and weight and len(node.input) >= 3:
+            scales = resolve(node.input[2])
+            entry = _entry(model, weight, node, "head", scales and scales[0], _attribute(node, "bits", 4),
+                           _attribute(node, "N"), _attribute(node, "K"))
+            entry["as_table"] = True  # MatMulNBits keeps [N, K] blocks: rows are tokens
+            heads.append(entry)
     return tables, heads
