@@ -1,5 +1,6 @@
-"""runtime.inspect and --retie on what onnxruntime-genai's model builder writes (tests/fixtures/make_genai_fixtures.py):
-shared embeddings stored once as the head's [width, vocab] weight, in float32 and as 4-bit blocks."""
+"""runtime.inspect and --retie on what real exporters write: onnxruntime-genai's model builder
+(tests/fixtures/make_genai_fixtures.py: shared embeddings stored once as the head's [width, vocab] weight, float32
+and 4-bit blocks) and Optimum (tests/fixtures/make_optimum_fixture.py: GPT-2 with a KV cache)."""
 import json
 import os
 import subprocess
@@ -58,21 +59,15 @@ def test_inspect_summarises_small_runtime_copies():
     assert "= lm_head.MatMul.weight transposed" in out
 
 
-def test_retie_genai_fp32_keeps_one_table(tmp_path):
-    source = os.path.join(FIXTURES, "genai_fp32", "model.onnx")
-    out = tmp_path / "retied.onnx"
-    inspect(source, "--retie", out)
-    (entry,) = vocabulary(out)["vocabulary"]
-    assert (entry["tables_in_memory"], entry["tied"], entry["vocab_size"], entry["width"]) == (1, True, VOCAB, WIDTH)
-
-    # Independently: both models on the same decoder inputs, logits against hidden @ table^T in float64.
+def logits_against_exact(source, retied, head_weight, table_of, rows, head_size):
+    """Both models on the same decoder inputs; each one's logits against hidden @ table^T in float64."""
     original = onnx.load(source)
-    head = [n for n in original.graph.node if n.op_type == "MatMul" and n.input[1] == "lm_head.MatMul.weight"][0]
+    head = [n for n in original.graph.node if n.op_type == "MatMul" and n.input[1] == head_weight][0]
     original.graph.output.append(helper.make_empty_tensor_value_info(head.input[0]))
-    table = numpy_helper.to_array([t for t in original.graph.initializer if t.name == "lm_head.MatMul.weight"][0]).T
-    feeds = feeds_for(original, {"input_ids": VOCAB}, np.random.default_rng(3), head_size=16)
+    table = table_of(numpy_helper.to_array([t for t in original.graph.initializer if t.name == head_weight][0]))
+    feeds = feeds_for(original, rows, np.random.default_rng(3), head_size=head_size)
     logits_before, hidden = ort.InferenceSession(original.SerializeToString()).run(["logits", head.input[0]], feeds)
-    (logits_after,) = ort.InferenceSession(str(out)).run(["logits"], feeds)
+    (logits_after,) = ort.InferenceSession(str(retied)).run(["logits"], feeds)
     h, t = hidden.astype(np.float64), table.astype(np.float64)
     exact = h @ t.T
     bound = WIDTH * U / (1 - WIDTH * U) * (np.abs(h) @ np.abs(t).T)
@@ -80,8 +75,50 @@ def test_retie_genai_fp32_keeps_one_table(tmp_path):
     assert np.all(np.abs(logits_before - exact) <= bound) and np.all(np.abs(logits_after - exact) <= bound)
 
 
-def test_retie_genai_int4_says_what_it_leaves(tmp_path):
-    done = inspect(os.path.join(FIXTURES, "genai_int4", "model.onnx"), "--retie", tmp_path / "r.onnx")
-    assert "lm_head.MatMul.weight_Q4: int4 table read through Reshape by GatherBlockQuantized: left as it is" \
-        in done.stdout
-    assert not os.listdir(tmp_path)
+def test_retie_genai_fp32_keeps_one_table(tmp_path):
+    source = os.path.join(FIXTURES, "genai_fp32", "model.onnx")
+    out = tmp_path / "retied.onnx"
+    inspect(source, "--retie", out)
+    (entry,) = vocabulary(out)["vocabulary"]
+    assert (entry["tables_in_memory"], entry["tied"], entry["vocab_size"], entry["width"]) == (1, True, VOCAB, WIDTH)
+    logits_against_exact(source, out, "lm_head.MatMul.weight", lambda w: w.T, {"input_ids": VOCAB}, head_size=16)
+
+
+def test_inspect_optimum_gpt2_finds_the_transposed_duplicate(tmp_path):
+    source = os.path.join(FIXTURES, "optimum_gpt2", "model.onnx")
+    data = vocabulary(source)
+    by_table = {v["table"]: v for v in data["vocabulary"]}
+    assert by_table["transformer.wpe.weight"]["tied"] is False  # positions: a table with no head
+    wte = by_table["transformer.wte.weight"]
+    assert (wte["vocab_size"], wte["width"], wte["tied"], wte["tables_in_memory"]) == (VOCAB, WIDTH, True, 2)
+    (pair,) = [p for p in data["pairs"] if p["relation"] != "distinct"]
+    assert (pair["relation"], pair["wasted_bytes"]) == ("transposed_duplicate", VOCAB * WIDTH * 4)
+
+    out = tmp_path / "retied.onnx"  # the proof feeds past_key_values, attention_mask and position_ids consistently
+    inspect(source, "--retie", out)
+    wte = {v["table"]: v for v in vocabulary(out)["vocabulary"]}["transformer.wte.weight"]
+    assert (wte["tied"], wte["head"], wte["tables_in_memory"]) == (True, "transformer.wte.weight", 1)
+    logits_against_exact(source, out, pair["head"], lambda w: w.T, {"input_ids": VOCAB}, head_size=None)
+
+
+def test_retie_genai_int4_gathers_the_packed_codes_in_place(tmp_path):
+    source = os.path.join(FIXTURES, "genai_int4", "model.onnx")
+    out = tmp_path / "retied.onnx"
+    inspect(source, "--retie", out)
+    (entry,) = vocabulary(out)["vocabulary"]
+    packed, scales = VOCAB * WIDTH // 2, VOCAB * (WIDTH // BLOCK) * 4
+    # one packed table in memory; the lookup's scales are a second [vocab, blocks, 1] copy of the small scales
+    assert (entry["tables_in_memory"], entry["tied"], entry["format"]) == (1, True, "int4")
+    assert (entry["vocab_size"], entry["width"], entry["bytes"]) == (VOCAB, WIDTH, packed + scales)
+    retied = onnx.load(out)
+    gather = [n for n in retied.graph.node if n.op_type == "GatherBlockQuantized"][0]
+    assert gather.input[0] == "lm_head.MatMul.weight_Q4"  # no Reshape in front of it any more
+
+    # Nothing else changed: every output of the two models agrees bit for bit on the same decoder inputs.
+    original = onnx.load(source)
+    feeds = feeds_for(original, {"input_ids": VOCAB}, np.random.default_rng(5), head_size=16)
+    names = [o.name for o in original.graph.output]
+    before = ort.InferenceSession(original.SerializeToString()).run(names, feeds)
+    after = ort.InferenceSession(str(out)).run(names, feeds)
+    for name, a, b in zip(names, before, after):
+        assert a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8)), name

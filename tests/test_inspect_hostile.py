@@ -209,7 +209,7 @@ def _seeds(folder):
     models["lab_untied"] = graphs.untied_logits(graphs.make_table(32, 8), graphs.make_table(32, 8, seed=1))
     models["lab_neighbors"] = graphs.neighbors(graphs.make_table(32, 8), "cosine")
     models["duplicate"] = head_through([helper.make_node("Identity", ["embedding"], ["copy"])])
-    for name in ("genai_fp32", "genai_int4"):  # contrib ops, KV caches, GatherBlockQuantized / MatMulNBits
+    for name in ("genai_fp32", "genai_int4", "optimum_gpt2"):  # contrib ops, KV caches, 4-bit blocks
         models[name] = onnx.load(os.path.join(FIXTURES, name, "model.onnx"))
     return models
 

@@ -21,10 +21,10 @@ def _dim(name, head_size):
     name = name.lower()
     if "batch" in name:
         return BATCH
+    if "total" in name or "all" in name or "+" in name:  # Optimum: "past_sequence_length + sequence_length"
+        return PAST + SEQUENCE
     if "past" in name:
         return PAST
-    if "total" in name or "all" in name:
-        return PAST + SEQUENCE
     if "kv_cache" in name or "head" in name:
         return head_size
     return SEQUENCE
@@ -76,7 +76,7 @@ def prove(job):
     flipped = {table: transposed for _, _, table, transposed, _ in job["rewritten"]}
     tables = {t.name: numpy_helper.to_array(t).T if flipped[t.name] else numpy_helper.to_array(t)
               for t in before.graph.initializer if t.name in flipped}  # each [vocab, width]
-    hidden_names = sorted({hidden for _, hidden, *_ in job["rewritten"]})
+    hidden_names = sorted({hidden for _, hidden, *_ in job["rewritten"] if hidden})  # None: no head rewritten
     sessions = []
     for label, model in (("before", before), ("after", after)):
         path = os.path.join(job["folder"], f"proof_{label}.onnx")
@@ -85,7 +85,7 @@ def prove(job):
     feeds = feeds_for(before, job["rows"], np.random.default_rng(0), job.get("head_size"))
     names = [o.name for o in sessions[0].get_outputs()]
     old, new = (dict(zip(names, s.run(names, feeds))) for s in sessions)
-    head_of = {output: (hidden, table) for output, hidden, table, *_ in job["rewritten"]}
+    head_of = {output: (hidden, table) for output, hidden, table, *_ in job["rewritten"] if output}
     failures = []
     for name in names:
         a, b = old[name], new[name]

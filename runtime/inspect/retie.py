@@ -33,6 +33,11 @@ def rewrite(model, heads, pairs):
     rewritten, done = [], set()
     for p in pairs:
         table, head = p["table_entry"], p["head_entry"]
+        if _packed_shared(p) and id(table["node"]) not in done:
+            done.add(id(table["node"]))
+            if _gather_packed_in_place(graph, model, table):
+                rewritten.append((None, None, table["initializer"], False, table["initializer"]))
+            continue
         plain = table["format"] == head["format"] == "float32" and "Reshape" not in table["views"] + head["views"]
         wanted = p["relation"] in ("duplicate", "transposed_duplicate") or (
             p["relation"] == "shared" and p["via_transpose"])
@@ -50,6 +55,53 @@ def rewrite(model, heads, pairs):
                          + (table["initializer"], flipped, name))
     _drop_dead(graph)
     return rewritten
+
+
+def _packed_shared(pair):
+    """onnxruntime-genai's int4 tie: GatherBlockQuantized on a Reshape of the [N, blocks, blob] codes that
+    MatMulNBits reads (onnxruntime folds the Reshape into a second packed table)."""
+    table, head = pair["table_entry"], pair["head_entry"]
+    return (pair["relation"] == "shared" and table["node"].op_type == "GatherBlockQuantized"
+            and head["node"].op_type == "MatMulNBits" and table["views"] == ["Reshape"] and not head["views"]
+            and len(model_dims(table)) == 3)
+
+
+def model_dims(entry):
+    return entry.get("stored_dims", [])
+
+
+def _gather_packed_in_place(graph, model, table):
+    """Make GatherBlockQuantized read the [N, blocks, blob] codes themselves (no Reshape to fold): its scales
+    then need the codes' rank, [N, blocks, 1] (a second, small scales tensor, since MatMulNBits insists on its
+    own), and its rows come out [..., blocks, block], so one Reshape of the looked-up rows (not of the table)
+    restores [..., width]. False when the ids' rank is unknown."""
+    node = table["node"]
+    ids_rank = _rank(graph, node.input[1])
+    if ids_rank is None or table["scales"] is None:
+        return False
+    codes, scales = table["initializer"], model.tensors[table["scales"]]
+    blocks = model_dims(table)[1]
+    scale_values = np.ascontiguousarray(scales.values()).reshape(table["vocab"], blocks, 1)
+    scales3 = _unique(graph, model, table["scales"] + "_blocks")
+    graph.initializer.append(numpy_helper.from_array(scale_values, scales3))
+    output = node.output[0]
+    blocked = _unique(graph, model, output + "_blocks")
+    node.input[0], node.input[2], node.output[0] = codes, scales3, blocked
+    kept = [a for a in node.attribute if a.name != "quantize_axis"]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute("quantize_axis", 2)])
+    shape = _const(graph, _unique(graph, model, output + "_shape"), [0] * ids_rank + [table["width"]])
+    at = list(graph.node).index(node)
+    graph.node.insert(at + 1, helper.make_node("Reshape", [blocked, shape], [output], name=_unique(graph, model, "rows_of_blocks"),
+                                               doc_string="looked-up rows [..., blocks, block] -> [..., width]"))
+    return True
+
+
+def _rank(graph, name):
+    for value in list(graph.input) + list(graph.value_info):
+        if value.name == name and value.type.tensor_type.HasField("shape"):
+            return len(value.type.tensor_type.shape.dim)
+    return None
 
 
 def _gemm_head(graph, model, node, table, vocab, width, i):
@@ -126,7 +178,8 @@ def retie(model, found, out_path, folder, limits, say):
     rewritten = rewrite(model, found["heads"], found["pairs"])
     for p in found["pairs"]:
         views = p["table_entry"]["views"] + p["head_entry"]["views"]
-        if p["relation"] != "distinct" and (p["table_entry"]["format"] != "float32" or "Reshape" in views):
+        if p["relation"] != "distinct" and (p["table_entry"]["format"] != "float32" or "Reshape" in views) \
+                and not _packed_shared(p):
             say(f"retie: {p['table']}: {p['table_entry']['format']} table read through {', '.join(views) or 'no view'} "
                 f"by {p['table_entry']['node'].op_type}: left as it is (--retie rewrites float32 tables only)\n")
     if not rewritten:
@@ -160,8 +213,9 @@ def retie(model, found, out_path, folder, limits, say):
     written = graphs.save(model.proto, out_path, check=False)  # the same model the child checked in full
     size = sum(os.path.getsize(p) for p in written)
     memory = sum(t.nbytes for t in load(optimized, folder).tensors.values())
-    say(f"retie: {len(rewritten)} head(s) now read {tables}; outputs equal on random ids (heads within "
-        f"2 gamma_w sum|a b|, the rest bit for bit); onnxruntime keeps one copy\n")
+    heads = sum(hidden is not None for _, hidden, *_ in rewritten)
+    say(f"retie: {heads} head(s) and {len(rewritten)} lookup(s) now read {tables} in place; outputs equal on random "
+        f"inputs (heads within 2 gamma_w sum|a b|, the rest bit for bit); onnxruntime keeps one copy\n")
     say(f"retie: wrote {out_path}: {model.file_bytes} -> {size} bytes on disk "
         f"(saved {model.file_bytes - size}); initializers in onnxruntime's optimized model "
         f"{found['optimized_bytes']} -> {memory} bytes (saved {found['optimized_bytes'] - memory})\n")

@@ -1,4 +1,6 @@
 """Walking the graph: one topological order (a cycle is a finding), then tables and heads found through it."""
+import math
+
 from onnx import TensorProto, helper
 
 from runtime.inspect.reading import InspectError
@@ -114,7 +116,8 @@ def _entry(model, found, node, role, scales=None, bits=None, vocab=None, width=N
             return None
         vocab, width = dims if (found[1] + (role == "head")) % 2 == 0 else dims[::-1]
     scale_bytes = model.tensors[scales].nbytes if scales in model.tensors else 0
-    return {"initializer": found[0], "node": node, "flips": found[1], "views": list(found[2]), "vocab": vocab,
+    return {"initializer": found[0], "node": node, "flips": found[1], "views": list(found[2]), "stored_dims": tensor.dims,
+            "vocab": vocab,
             "width": width, "format": _format(tensor, bits), "scales": scales, "bytes": tensor.nbytes + scale_bytes}
 
 
@@ -134,7 +137,7 @@ def find_tables_and_heads(model):
             block = _attribute(node, "block_size", 128)
             rows = model.tensors[found[0]].dims
             blocks = model.tensors[scales[0]].dims if scales else []
-            width = blocks[-1] * block if blocks and isinstance(block, int) and block > 0 else 0
+            width = math.prod(blocks[1:]) * block if len(blocks) > 1 and isinstance(block, int) and block > 0 else 0
             entry = _entry(model, found, node, "table", scales[0], _attribute(node, "bits", 4), rows[0],
                            width) if width > 0 and rows and rows[0] > 0 else None
         else:
