@@ -1,5 +1,4 @@
 """What every check shares: the configuration, the reference tables, float32 bounds, and the Check record."""
-import multiprocessing
 from multiprocessing import shared_memory
 import sys
 import time
@@ -10,6 +9,7 @@ import numpy as np
 
 import embed
 from graphs.export import build_all
+from runtime.compare.parallel import Worker, quiet, table_passes
 from runtime.runner import Runner, optimized_model
 
 U = 2.0**-24  # float32 unit roundoff
@@ -77,71 +77,6 @@ def _head_reference(vocab, width, seed, hidden):
     return [embed.logits(head, h) for h in hidden], dot_bounds(head, hidden)
 
 
-def _quiet(stage):
-    """No progress lines from the second process."""
-
-
-def _run_tasks(conn, tasks):
-    """In the second process: run each (key, function, args) in order and send (key, result) as it finishes; a
-    task with key None yields its own (key, result) pairs."""
-    for key, function, args in tasks:
-        for pair in function(*args) if key is None else [(key, function(*args))]:
-            conn.send(pair)
-    conn.close()
-
-
-def _table_passes(shared, shape, query, stretch, work):
-    """In the second process: the reference table, from shared memory as Python floats (the very values
-    embed.make_table made, float64 round-trips them exactly), then each (key, what, table factor, argument) of
-    `work`: embed.onehot_lookup, embed.neighbors (every other token, ranked) or embed.logits of a row."""
-    memory = shared_memory.SharedMemory(name=shared)
-    table = np.ndarray(shape, np.float64, memory.buf).tolist()
-    memory.close()
-    stretched = {None: table}
-    for key, what, factor, argument in work:
-        if factor not in stretched:
-            stretched[factor] = embed.stretch_row(table, stretch, factor)
-        rows = stretched[factor]
-        if what == "onehot":
-            yield key, embed.onehot_lookup(rows, argument)
-        elif what == "neighbors":
-            yield key, embed.neighbors(rows, query, len(rows), argument)
-        else:
-            yield key, embed.logits(rows, rows[argument])
-
-
-class _Worker:
-    """A second process running work that needs nothing from this one (module-level functions, picklable
-    arguments). It comes from a forkserver, not a fork of this process: forking a process whose native threads
-    (onnxruntime's pools) may hold locks can leave the child waiting forever."""
-
-    def __init__(self, tasks, keys=()):
-        context = multiprocessing.get_context("forkserver")
-        self._pipe, child_end = context.Pipe(duplex=False)
-        self._process = context.Process(target=_run_tasks, args=(child_end, tasks), daemon=True)
-        self._process.start()
-        child_end.close()
-        self.tasks = {key: (function, args) for key, function, args in tasks if key is not None}
-        self.tasks.update({key: None for key in keys})  # answered by a task that yields several
-        self._results = {}
-
-    def result(self, key, progress):
-        """The task's result, waiting for it if need be."""
-        while key not in self._results:
-            progress(f"waiting for {key[0]} (second process)")
-            try:
-                got, value = self._pipe.recv()
-            except EOFError:  # the process is gone
-                raise RuntimeError(f"the second process ended before computing {key}") from None
-            self._results[got] = value
-        return self._results[key]
-
-    def close(self):
-        if self._process.is_alive():
-            self._process.kill()
-        self._process.join()
-
-
 class Progress:
     """'[12.3 s] stage' on one refreshed stderr line, only when stderr is a terminal and the report is not JSON."""
 
@@ -173,8 +108,8 @@ class Lab:
         # While this process makes the table, a second one makes the untied head's reference and runs the
         # `background` checks, which only build and save graphs.
         config = SimpleNamespace(vocab=self.vocab, width=self.width, seed=self.seed, folder=folder,
-                                 progress=_quiet)
-        self._workers.append(_Worker([(("head",), _head_reference, (self.vocab, self.width, self.seed + 1, self.hidden))]
+                                 progress=quiet)
+        self._workers.append(Worker([(("head",), _head_reference, (self.vocab, self.width, self.seed + 1, self.hidden))]
                                  + [((check.__name__,), check, (config,)) for check in background]))
         progress(f"reference table: embed.make_table({self.vocab}, {self.width}) in pure Python")
         self.table = embed.make_table(self.vocab, self.width, self.seed)  # the truth, in Python floats
@@ -190,7 +125,7 @@ class Lab:
         self._shared = shared_memory.SharedMemory(create=True, size=self.table64.nbytes)
         np.ndarray(self.table64.shape, np.float64, self._shared.buf)[:] = self.table64
         work = list(self._table_work())
-        self._workers.append(_Worker([(None, _table_passes, (self._shared.name, self.table64.shape, self.query,
+        self._workers.append(Worker([(None, table_passes, (self._shared.name, self.table64.shape, self.query,
                                                              self.stretch, work))], [w[0] for w in work]))
         progress("building the seven graphs")
         self.models = build_all(self.vocab, self.width, self.seed)  # graphs build from graphs.make_table
