@@ -214,8 +214,9 @@ def retie(model, found, out_path, folder, limits, say):
     size = sum(os.path.getsize(p) for p in written)
     memory = sum(t.nbytes for t in load(optimized, folder).tensors.values())
     heads = sum(hidden is not None for _, hidden, *_ in rewritten)
-    say(f"retie: {heads} head(s) and {len(rewritten)} lookup(s) now read {tables} in place; outputs equal on random "
-        f"inputs (heads within 2 gamma_w sum|a b|, the rest bit for bit); onnxruntime keeps one copy\n")
+    say(f"retie: {tables} now read in place by the lookups and heads that share them ({heads} head(s) rewritten); "
+        "outputs equal on random inputs (heads within 2 gamma_w sum|a b|, the rest bit for bit); onnxruntime keeps "
+        "one copy\n")
     say(f"retie: wrote {out_path}: {model.file_bytes} -> {size} bytes on disk "
         f"(saved {model.file_bytes - size}); initializers in onnxruntime's optimized model "
         f"{found['optimized_bytes']} -> {memory} bytes (saved {found['optimized_bytes'] - memory})\n")
