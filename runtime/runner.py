@@ -6,6 +6,10 @@ import onnx
 import onnxruntime as ort
 
 
+_NUMPY = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
+          "tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(bool)": np.bool_}
+
+
 def session_options(optimized_model_path=None, prepacking=False, arena=False):
     """The lab's session settings, chosen by measurement (BENCHMARKS.md, `python -m runtime.bench`).
 
@@ -85,9 +89,14 @@ class Runner:
         self.vocab_size = vocab_size_of(proto)
         self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
+        self._input_types = {i.name: i.type for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
 
-    def run(self, feeds, outputs=None):
+    def run(self, feeds, outputs=None, out=None):
+        """{output name: array} for `outputs` (default: all). `out` {name: array} gives preallocated arrays for
+        some of them, written in place and returned as they are (for callers that loop: no new logits buffer,
+        no page faults on it, each run); each must be C-contiguous, writable, of the output's dtype and of the
+        shape this run produces."""
         unknown = sorted(set(feeds) - set(self.input_names))
         if unknown:
             raise ValueError(f"unknown input {unknown[0]!r}; the model takes {self.input_names}")
@@ -99,7 +108,37 @@ class Runner:
             if (feeds["k"] < 0).any():
                 raise ValueError(f"k must be >= 0, got {feeds['k'].tolist()}")
         names = list(outputs or self.output_names)
-        return dict(zip(names, self.session.run(names, feeds)))
+        if not out:
+            return dict(zip(names, self.session.run(names, feeds)))
+        return self._run_into(feeds, names, out)
+
+    def _run_into(self, feeds, names, out):
+        """The same run through an IOBinding whose outputs in `out` are the caller's arrays."""
+        strange = sorted(set(out) - set(names))
+        if strange:
+            raise ValueError(f"out names {strange[0]!r}, which is not an output asked for ({names})")
+        types = {o.name: o.type for o in self.session.get_outputs()}
+        binding = self.session.io_binding()
+        inputs = {name: np.ascontiguousarray(value, dtype=_NUMPY[self._input_types[name]])
+                  for name, value in feeds.items()}  # held until the run ends: the binding points into them
+        for name, value in inputs.items():
+            binding.bind_cpu_input(name, value)
+        for name in names:
+            if name not in out:
+                binding.bind_output(name, "cpu")
+                continue
+            array = out[name]
+            want = _NUMPY[types[name]]
+            if not isinstance(array, np.ndarray) or array.dtype != want or not array.flags.c_contiguous \
+                    or not array.flags.writeable:
+                raise ValueError(f"out[{name!r}] must be a writable C-contiguous {np.dtype(want).name} array")
+            binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as e:  # a shape that does not match this run's output, typically
+            raise ValueError(f"run into out= failed: {str(e).splitlines()[0]}") from None
+        produced = binding.get_outputs()
+        return {name: out[name] if name in out else produced[i].numpy() for i, name in enumerate(names)}
 
 
 def run(model, feeds):

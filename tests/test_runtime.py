@@ -171,3 +171,24 @@ def test_compare_progress_only_on_a_terminal():
     assert b"\r[" in shown and b" s] reference table" in shown  # stage and elapsed seconds, refreshed in place
     quiet = subprocess.run([sys.executable, "-m", "runtime.compare", *SMALL], cwd=ROOT, capture_output=True, text=True)
     assert quiet.stderr == ""
+
+
+def test_runner_writes_into_preallocated_outputs():
+    runner = runtime.Runner(graphs.tied_logits(TABLE))
+    ids = np.array([[4, 49, 0]])
+    hidden = np.random.default_rng(2).standard_normal((1, 3, 8)).astype(np.float32)
+    plain = runner.run({"ids": ids, "hidden": hidden})
+    logits = np.full((1, 3, 50), np.nan, np.float32)
+    for _ in range(2):  # a loop reuses the same buffer
+        got = runner.run({"ids": ids, "hidden": hidden}, out={"logits": logits})
+        assert got["logits"] is logits
+        assert np.array_equal(logits.view(np.uint32), plain["logits"].view(np.uint32))  # same kernel, same bits
+        assert np.array_equal(got["embeddings"].view(np.uint32), TABLE[ids].view(np.uint32))
+    for bad, message in ((np.empty((1, 3, 49), np.float32), "run into out= failed"),
+                         (np.empty((1, 3, 50), np.float64), "writable C-contiguous float32"),
+                         (np.empty((1, 50, 3), np.float32).transpose(0, 2, 1), "writable C-contiguous float32")):
+        with pytest.raises(ValueError, match=message) as error:
+            runner.run({"ids": ids, "hidden": hidden}, out={"logits": bad})
+        assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="not an output asked for"):
+        runner.run({"ids": ids, "hidden": hidden}, outputs=["embeddings"], out={"logits": logits})
