@@ -122,3 +122,9 @@ def test_retie_genai_int4_gathers_the_packed_codes_in_place(tmp_path):
     after = ort.InferenceSession(str(out)).run(names, feeds)
     for name, a, b in zip(names, before, after):
         assert a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8)), name
+
+
+def test_untied_exports_are_never_called_tied():
+    for name, table in (("torchscript_untied", "embed.weight"), ("dynamo_untied", "embed.weight")):
+        (entry,) = [v for v in vocabulary(os.path.join(FIXTURES, name + ".onnx"))["vocabulary"] if v["table"] == table]
+        assert (entry["tied"], entry["head"], entry["tables_in_memory"]) == (False, None, 1), name
