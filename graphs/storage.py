@@ -1,8 +1,10 @@
 """Write models to disk atomically, with large tables as external data beside the model file."""
+import math
 import os
 import shutil
 import tempfile
 
+import numpy as np
 import onnx
 
 PROTOBUF_LIMIT = 2**31 - 1  # a serialized protobuf message cannot reach 2 GiB
@@ -14,8 +16,15 @@ EXTERNAL_FROM = 64 * 2**20
 
 
 def inline_bytes(model):
-    """Bytes of raw tensor data the model holds inline."""
-    return sum(len(t.raw_data) for t in model.graph.initializer)
+    """Bytes of tensor data the model holds inline (from dims: reading raw_data's length would copy it)."""
+    return sum(_size(t) for t in model.graph.initializer)
+
+
+def _size(tensor):
+    """Bytes of a tensor's data: dims x itemsize for raw data, the serialized size otherwise (small typed data)."""
+    if tensor.HasField("raw_data"):
+        return math.prod(tensor.dims) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    return tensor.ByteSize()
 
 
 def fits_inline(model):
@@ -39,7 +48,7 @@ def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False
     """
     path = os.path.abspath(os.fspath(path))
     if external is None:
-        external = not fits_inline(model) or any(len(t.raw_data) >= EXTERNAL_FROM for t in model.graph.initializer)
+        external = not fits_inline(model) or any(_size(t) >= EXTERNAL_FROM for t in model.graph.initializer)
     targets = [path] + ([data_path(path)] if external else [])
     if not overwrite:
         for target in targets:
@@ -63,11 +72,48 @@ def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False
     return targets
 
 
+def _large(tensor, min_bytes):
+    """A raw tensor of `min_bytes` or more, measured without copying its bytes out of the protobuf."""
+    return tensor.HasField("raw_data") and _size(tensor) >= min_bytes
+
+
+def check(model, min_bytes=1 << 20):
+    """onnx.checker.check_model(full_check=True) on `model`, at any size, without serializing its large tensors.
+
+    Each raw tensor of `min_bytes` or more is first checked here to hold exactly dims x itemsize bytes; the checker
+    then sees it as external data over a file of holes of that length (it reads names, types and dims, never the
+    values), so a 600 MB model is checked in the time a small one takes, and one past 2 GiB can be checked too.
+    """
+    shell = _without_large_tensors(model, min_bytes)
+    large = {t.name: t for t in model.graph.initializer if _large(t, min_bytes)}
+    longest = 0
+    for tensor in shell.graph.initializer:
+        if tensor.name not in large:
+            continue
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        length = len(large[tensor.name].raw_data)
+        if length != math.prod(tensor.dims) * itemsize:
+            raise onnx.checker.ValidationError(f"initializer {tensor.name!r}: {length} bytes of raw data for dims "
+                                               f"{list(tensor.dims)}")
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", "holes.bin"), ("offset", "0"), ("length", str(length))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        longest = max(longest, length)
+    with tempfile.TemporaryDirectory(prefix="onnx-lab-check-") as folder:
+        with open(os.path.join(folder, "holes.bin"), "wb") as f:
+            f.truncate(longest)  # sparse: no disk, no memory
+        path = os.path.join(folder, "shell.onnx")
+        with open(path, "wb") as f:
+            f.write(shell.SerializeToString())
+        onnx.checker.check_model(path, full_check=True)
+
+
 def _write_external(model, staged, min_bytes):
     """Serialize `model` with its large raw tensors moved into `staged + ".data"`, without changing `model`."""
     location = os.path.basename(data_path(staged))
     light = _without_large_tensors(model, min_bytes)
-    moved = {t.name: t for t in model.graph.initializer if len(t.raw_data) >= min_bytes}
+    moved = {t.name: t for t in model.graph.initializer if _large(t, min_bytes)}
     with open(data_path(staged), "wb") as data:
         for tensor in light.graph.initializer:
             if tensor.name not in moved:
@@ -104,7 +150,7 @@ def _without_large_tensors(model, min_bytes):
     _copy_fields(model.graph, shell.graph, skip="initializer")
     for tensor in model.graph.initializer:
         copy = shell.graph.initializer.add()
-        if len(tensor.raw_data) >= min_bytes:
+        if _large(tensor, min_bytes):
             copy.name, copy.data_type, copy.doc_string = tensor.name, tensor.data_type, tensor.doc_string
             copy.dims.extend(tensor.dims)
         else:

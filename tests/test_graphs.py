@@ -296,3 +296,19 @@ def test_export_refuses_a_file_as_dir_and_bad_sizes(tmp_path):
         done = export(*args)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert target.read_text() == "mine" and sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_check_sees_large_tables_as_holes_and_still_refuses_bad_models():
+    model = graphs.tied_logits(graphs.make_table(4096, 256))  # a 4 MiB table: checked as external holes
+    graphs.storage.check(model)
+    broken = onnx.ModelProto()
+    broken.CopyFrom(model)
+    broken.graph.node[-1].input[0] = "nowhere"  # a graph error the full checker finds
+    with pytest.raises(onnx.checker.ValidationError):
+        graphs.storage.check(broken)
+    short = onnx.ModelProto()
+    short.CopyFrom(model)
+    table = [t for t in short.graph.initializer if t.name == "embedding"][0]
+    table.raw_data = table.raw_data[:-4]  # one value short: checked here, the checker never sees the bytes
+    with pytest.raises(onnx.checker.ValidationError, match="bytes of raw data for dims"):
+        graphs.storage.check(short)
