@@ -5,7 +5,6 @@ import numpy as np
 import embed
 import graphs
 from runtime.compare.lab import Check, within
-from runtime.runner import Runner
 
 
 def vocab_width_tensors(model, vocab, width):
@@ -81,7 +80,7 @@ def check_self_score(lab):
                             f"{reason}; the claim does not apply"))
         return checks
     stretched = lab.stretched(factor)
-    logits = Runner(graphs.tied_logits(lab.stretched32(stretched))).run(
+    logits = lab.runner(f"tied_logits_x{factor:g}", graphs.tied_logits(lab.stretched32(stretched))).run(
         {"ids": [[q]], "hidden": [[lab.table[q]]]})["logits"][0, 0]
     g, w, ok = _argmax_ok(logits, lab.logits(stretched, q), lab.dot_bound(stretched, lab.table[q]))
     checks.append(Check("self_score", "tied_logits", ok and g == s,

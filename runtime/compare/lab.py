@@ -1,13 +1,15 @@
 """What every check shares: the configuration, the reference tables, float32 bounds, and the Check record."""
-from multiprocessing import shared_memory
+import os
 import sys
 import time
 from dataclasses import dataclass, field
+from multiprocessing import shared_memory
 from types import SimpleNamespace
 
 import numpy as np
 
 import embed
+import graphs
 from graphs.export import build_all
 from runtime.compare.parallel import Worker, quiet, table_passes
 from runtime.runner import Runner, optimized_model
@@ -168,14 +170,22 @@ class Lab:
     def model(self, name):
         return self.models[f"{name}.onnx"]
 
-    def runner(self, name):
-        """One session per exported graph, made on first use."""
+    def saved(self, name, model=None):
+        """The path of graph `name` (or of `model`, under that name) saved once with its tables as external data,
+        so that each session maps them from the file rather than parsing and copying a serialized model."""
+        path = os.path.join(self.folder, f"{name}.onnx")
+        if not os.path.exists(path):
+            graphs.save(self.model(name) if model is None else model, path, external=True, check=False)
+        return path
+
+    def runner(self, name, model=None):
+        """One session per graph, made on first use: an exported graph by name, or `model` under a new name."""
         if name not in self.runners:
-            self.runners[name] = Runner(self.model(name))
+            self.runners[name] = Runner(self.saved(name, model))
         return self.runners[name]
 
     def optimized(self, name):
-        return optimized_model(self.model(name), self.folder, f"{name}.optimized.onnx")
+        return optimized_model(self.saved(name), self.folder, f"{name}.optimized.onnx")
 
     def memo(self, key, compute):
         """compute() once per key (or what the second process computed for that key): the reference's answers are

@@ -2,7 +2,6 @@
 import embed
 import graphs
 from runtime.compare.lab import Check, gamma, within
-from runtime.runner import Runner
 
 
 def score_bounds(lab, table, metric, tokens):
@@ -25,7 +24,8 @@ def _same_lists(got, want, scores, bounds):
 
 def _graph_neighbors(lab, table, metric, exported=False):
     """The graph's neighbour list of the query: the exported graph's session, or a new graph for `table`."""
-    runner = lab.runner(f"neighbors_{metric}") if exported else Runner(graphs.neighbors(lab.stretched32(table), metric))
+    runner = lab.runner(f"neighbors_{metric}") if exported else lab.runner(
+        f"neighbors_{metric}_x{lab.factor:g}", graphs.neighbors(lab.stretched32(table), metric))
     out = runner.run({"ids": [lab.query], "k": [lab.k]})
     return [int(i) for i in out["indices"][0]], out["scores"][0]
 
