@@ -222,25 +222,29 @@ class Lab:
         """embed.logits(table, table[token]): every token's dot product with `token`, once per table and token."""
         return self.memo(("logits", self.label(table), token), lambda: embed.logits(table, table[token]))
 
-    def _rows64(self, table):
-        if table is self.table:
-            return self.table64
-        rows = self.table64.copy()
-        rows[self.stretch] = table[self.stretch]
-        return rows
+    def _patched(self, table, values, row_value):
+        """`values` (one per row of our table), with the stretched row's entry recomputed when `table` is a stretch:
+        a stretch changes one row, so no copy of the whole table is needed."""
+        if table is not self.table:
+            values = values.copy()
+            values[self.stretch] = row_value(as64(table[self.stretch]))
+        return values
 
     def dot_bound(self, table, vector):
         """gamma_w * sum|a_i b_i| of each row of `table` (this lab's table or a stretch of it) against `vector`."""
-        return dot_bounds(self._rows64(table), [vector])[0]
+        return self._patched(table, dot_bounds(self.table64, [vector])[0],
+                             lambda row: dot_bounds([row], [vector])[0, 0])
 
     def cosine_bound(self, table, vector, cosines):
         """The float32 bound of each cosine in `cosines` {token: reference cosine} of `table`'s rows with `vector`:
         the dot's bound over the norms, plus gamma_(w+4) |cos| for the norms' sums, square roots, product and
-        division. Norms here are float64 (a tolerance, not a reference value), inflated to stay upper bounds."""
-        rows = self._rows64(table)
-        dots = dot_bounds(rows, [vector])[0]
-        norms = np.sqrt(np.einsum("ij,ij->i", rows, rows)) * (1 - 2 * (self.width + 2) * U64)
-        query = np.sqrt(np.dot(as64(vector), as64(vector))) * (1 - 2 * (self.width + 2) * U64)
+        division. Norms here are float64 (a tolerance, not a reference value), deflated to keep the bound upper."""
+        dots = self.dot_bound(table, vector)
+        shrink = 1 - 2 * (self.width + 2) * U64
+        norms = self._patched(table, self.memo(("norms64",), lambda: np.sqrt(np.einsum("ij,ij->i", self.table64,
+                                                                                        self.table64))),
+                              lambda row: np.sqrt(row @ row)) * shrink
+        query = np.sqrt(np.dot(as64(vector), as64(vector))) * shrink
         return {t: dots[t] / (norms[t] * query) + gamma(self.width + 4) * abs(c) for t, c in cosines.items()}
 
     def result(self, name):

@@ -10,9 +10,7 @@ def same_values(a, b, transposed=False):
     if a.data_type != b.data_type or a.dims != (b.dims[::-1] if transposed else b.dims):
         return False
     if not transposed:
-        x, y = a.raw(), b.raw()
-        step = _CHUNK
-        return all(np.array_equal(x[i:i + step], y[i:i + step]) for i in range(0, len(x), step))
+        return _same_bytes(a, b)
     x, y = a.values(), b.values()
     if x is None:  # packed sub-byte codes: a transposed copy cannot be told without unpacking; say no
         return False
@@ -69,7 +67,7 @@ def runtime_copies(model, optimized, watched):
             source = model.tensors[source_name]
             if same_values(source, tensor, transposed=True) and source.dims != tensor.dims:
                 view = "transposed"
-            elif source.data_type == tensor.data_type and source.nbytes == tensor.nbytes and _same_bytes(source, tensor):
+            elif source.data_type == tensor.data_type and _same_bytes(source, tensor):
                 view = "same" if source.dims == tensor.dims else "reshaped"
             else:
                 continue
@@ -80,7 +78,10 @@ def runtime_copies(model, optimized, watched):
 
 
 def _same_bytes(a, b):
+    """Whether two tensors hold the same stored bytes, compared a chunk at a time."""
     x, y = a.raw(), b.raw()
+    if len(x) != len(y):
+        return False
     return all(np.array_equal(x[i:i + _CHUNK], y[i:i + _CHUNK]) for i in range(0, len(x), _CHUNK))
 
 

@@ -63,11 +63,7 @@ def _packed_shared(pair):
     table, head = pair["table_entry"], pair["head_entry"]
     return (pair["relation"] == "shared" and table["node"].op_type == "GatherBlockQuantized"
             and head["node"].op_type == "MatMulNBits" and table["views"] == ["Reshape"] and not head["views"]
-            and len(model_dims(table)) == 3)
-
-
-def model_dims(entry):
-    return entry.get("stored_dims", [])
+            and len(table["stored_dims"]) == 3)
 
 
 def _gather_packed_in_place(graph, model, table):
@@ -80,7 +76,7 @@ def _gather_packed_in_place(graph, model, table):
     if ids_rank is None or table["scales"] is None:
         return False
     codes, scales = table["initializer"], model.tensors[table["scales"]]
-    blocks = model_dims(table)[1]
+    blocks = table["stored_dims"][1]
     scale_values = np.ascontiguousarray(scales.values()).reshape(table["vocab"], blocks, 1)
     scales3 = _unique(graph, model, table["scales"] + "_blocks")
     graph.initializer.append(numpy_helper.from_array(scale_values, scales3))
@@ -161,7 +157,7 @@ def _inline(model):
             del tensor.external_data[:]
 
 
-def _genai_head_size(path):
+def genai_head_size(path):
     """head_size from onnxruntime-genai's genai_config.json beside the model, if there is one that says."""
     try:
         with open(os.path.join(os.path.dirname(os.path.abspath(path)), "genai_config.json")) as f:
@@ -190,7 +186,7 @@ def retie(model, found, out_path, folder, limits, say):
     graphs.save(model.proto, staged, check=False)  # checked, like everything else, in the isolated child
     rows = {t["node"].input[1]: t["vocab"] for t in found["tables"]}
     job = {"kind": "prove", "before": os.path.abspath(model.path), "after": staged, "rewritten": rewritten,
-           "rows": rows, "folder": folder, "head_size": _genai_head_size(model.path)}
+           "rows": rows, "folder": folder, "head_size": genai_head_size(model.path)}
     try:
         failures = isolated.call(job, "proving the retied model", limits, model.file_bytes)["failures"]
         optimized = os.path.join(folder, "retied.optimized.onnx")
