@@ -36,7 +36,7 @@ def data_path(path):
     return os.fspath(path) + ".data"
 
 
-def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False, check=True):
+def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False, check=True, sources=None):
     """Write `model` to `path` atomically; returns the paths written.
 
     external=None moves tensors to `path + ".data"` when one holds EXTERNAL_FROM bytes or more, or the model
@@ -45,9 +45,15 @@ def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False
     An existing file is refused unless overwrite=True. The model is checked (full_check) before it
     takes its final name, so a file that appears there is complete and valid; check=False skips that, for a
     caller that has run the checker on the same model elsewhere (runtime.inspect, in its isolated child).
+    `sources` ({initializer name: array}) gives the data of initializers the model holds as shells (name, type,
+    dims, or a stale external reference): each array (a memory map, a transposed view) is written to the data file
+    in chunks, so a table larger than memory allows passes through without a copy; it implies external=True.
     """
     path = os.path.abspath(os.fspath(path))
-    if external is None:
+    sources = sources or {}
+    if sources:
+        external = True
+    elif external is None:
         external = not fits_inline(model) or any(_size(t) >= EXTERNAL_FROM for t in model.graph.initializer)
     targets = [path] + ([data_path(path)] if external else [])
     if not overwrite:
@@ -59,7 +65,7 @@ def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False
     try:
         staged = os.path.join(staging, os.path.basename(path))
         if external:
-            _write_external(model, staged, min_external_bytes)
+            _write_external(model, staged, min_external_bytes, sources)
         else:
             with open(staged, "wb") as f:
                 f.write(model.SerializeToString())
@@ -109,25 +115,43 @@ def check(model, min_bytes=1 << 20):
         onnx.checker.check_model(path, full_check=True)
 
 
-def _write_external(model, staged, min_bytes):
-    """Serialize `model` with its large raw tensors moved into `staged + ".data"`, without changing `model`."""
+def _write_external(model, staged, min_bytes, sources):
+    """Serialize `model` with its large raw tensors, and those in `sources`, moved into `staged + ".data"`, without
+    changing `model`."""
     location = os.path.basename(data_path(staged))
     light = _without_large_tensors(model, min_bytes)
     moved = {t.name: t for t in model.graph.initializer if _large(t, min_bytes)}
     with open(data_path(staged), "wb") as data:
         for tensor in light.graph.initializer:
-            if tensor.name not in moved:
+            if tensor.name not in moved and tensor.name not in sources:
                 continue
             offset = data.tell() + (-data.tell() % _ALIGN)
             data.seek(offset)
-            raw = moved[tensor.name].raw_data
-            data.write(raw)
+            if tensor.name in sources:
+                _write_array(data, sources[tensor.name], tensor)
+                tensor.ClearField("raw_data")
+                del tensor.external_data[:]
+            else:
+                data.write(moved[tensor.name].raw_data)
+            length = data.tell() - offset
             tensor.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(raw)))):
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
                 entry = tensor.external_data.add()
                 entry.key, entry.value = key, value
     with open(staged, "wb") as f:
         f.write(light.SerializeToString())
+
+
+def _write_array(f, array, tensor, chunk=16 * 2**20):
+    """Write `array`'s bytes in C order, a block of leading-axis slices at a time (a view is copied one block at a
+    time, never whole); it must match the shell's dims."""
+    if list(array.shape) != list(tensor.dims) and array.size * array.itemsize != 0:
+        if not (array.ndim == 1 and array.dtype == np.uint8):  # stored bytes of a packed type: sized by the caller
+            raise ValueError(f"initializer {tensor.name!r}: data of shape {list(array.shape)} for dims {list(tensor.dims)}")
+    array = array.reshape(1, -1) if array.ndim == 0 else array
+    rows = max(1, chunk // max(1, array[:1].nbytes))
+    for start in range(0, len(array), rows):
+        f.write(np.ascontiguousarray(array[start:start + rows]).data)
 
 
 def _copy_fields(source, target, skip):

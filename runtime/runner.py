@@ -77,10 +77,14 @@ def check_ids(ids, vocab_size, name="ids"):
 class Runner:
     """A session for a ModelProto or a path; run(feeds) -> {output name: array}."""
 
-    def __init__(self, model, optimized_model_path=None, arena=False):
+    def __init__(self, model, optimized_model_path=None, arena=False, data_folder=None):
         """arena=True keeps onnxruntime's CPU arena: faster for large batches (activations are reused rather
-        than faulted in each run) at the price of holding them between runs."""
+        than faulted in each run) at the price of holding them between runs. `data_folder`: where the external
+        data of a ModelProto passed in lies (a path's own folder is used for a path)."""
         options = session_options(optimized_model_path, arena=arena)
+        if data_folder is not None:
+            options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                             os.fspath(data_folder))
         if isinstance(model, onnx.ModelProto):
             proto, source = model, model.SerializeToString()
         else:

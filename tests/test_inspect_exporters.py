@@ -1,17 +1,24 @@
 """runtime.inspect and --retie on what real exporters write: onnxruntime-genai's model builder
 (tests/fixtures/make_genai_fixtures.py: shared embeddings stored once as the head's [width, vocab] weight, float32
-and 4-bit blocks) and Optimum (tests/fixtures/make_optimum_fixture.py: GPT-2 with a KV cache)."""
+and 4-bit blocks, and untied) and Optimum (tests/fixtures/make_optimum_fixture.py: GPT-2 with and without a KV
+cache, tied and untied)."""
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import tracemalloc
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+import graphs
+from runtime.inspect import isolated
+from runtime.inspect.cli import inspect_model
 from runtime.inspect.proof import feeds_for
+from runtime.inspect.retie import retie
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
@@ -124,7 +131,55 @@ def test_retie_genai_int4_gathers_the_packed_codes_in_place(tmp_path):
         assert a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8)), name
 
 
-def test_untied_exports_are_never_called_tied():
-    for name, table in (("torchscript_untied", "embed.weight"), ("dynamo_untied", "embed.weight")):
-        (entry,) = [v for v in vocabulary(os.path.join(FIXTURES, name + ".onnx"))["vocabulary"] if v["table"] == table]
+def test_untied_exports_are_never_called_tied(tmp_path):
+    for name, table in (("torchscript_untied.onnx", "embed.weight"), ("dynamo_untied.onnx", "embed.weight"),
+                        ("genai_fp32_untied/model.onnx", "model.embed_tokens.weight"),
+                        ("genai_int4_untied/model.onnx", "model.embed_tokens.weight"),
+                        ("optimum_gpt2_untied/model.onnx", "transformer.wte.weight")):
+        path = os.path.join(FIXTURES, name)
+        data = vocabulary(path)
+        (entry,) = [v for v in data["vocabulary"] if v["table"] == table]
         assert (entry["tied"], entry["head"], entry["tables_in_memory"]) == (False, None, 1), name
+        assert all(p["relation"] == "distinct" for p in data["pairs"]), name
+        out = tmp_path / (name.replace("/", "_") + ".retied.onnx")
+        assert "nothing to do" in inspect(path, "--retie", out).stdout and not out.exists(), name
+
+
+def test_retie_optimum_without_kv_cache(tmp_path):
+    source = os.path.join(FIXTURES, "optimum_gpt2_nokv", "model.onnx")
+    assert not [i for i in onnx.load(source).graph.input if "past" in i.name]
+    (pair,) = [p for p in vocabulary(source)["pairs"] if p["relation"] != "distinct"]
+    assert pair["relation"] == "transposed_duplicate"
+    out = tmp_path / "retied.onnx"
+    inspect(source, "--retie", out)
+    wte = {v["table"]: v for v in vocabulary(out)["vocabulary"]}["transformer.wte.weight"]
+    assert (wte["tied"], wte["tables_in_memory"]) == (True, 1)
+    logits_against_exact(source, out, pair["head"], lambda w: w.T, {"input_ids": VOCAB}, head_size=None)
+
+
+def test_retie_streams_tables_instead_of_loading_them(tmp_path):
+    """The genai fp32 form with a 128 MiB external table, retied in this process: the table is transposed and
+    written a block at a time (never whole in memory), and what is written is the table, bit for bit."""
+    vocab, width = 1 << 19, 64
+    weight = np.random.default_rng(0).standard_normal((width, vocab)).astype(np.float32)  # stored [width, vocab]
+    nodes = [helper.make_node("Transpose", ["W"], ["WT"], perm=[1, 0]), helper.make_node("Gather", ["WT", "ids"], ["h"]),
+             helper.make_node("MatMul", ["h", "W"], ["logits"])]
+    graph = helper.make_graph(nodes, "genai_form", [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["n"])],
+                              [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["n", vocab])],
+                              [numpy_helper.from_array(weight, "W")])
+    source = tmp_path / "model.onnx"
+    graphs.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), source, external=True)
+    del graph, nodes
+    out = tmp_path / "retied.onnx"
+    tracemalloc.start()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            info = inspect_model(source, folder)
+            assert retie(info["model"], info, out, folder, isolated.Limits(), lambda line: None) == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < weight.nbytes / 3, f"{peak} bytes at the peak for a {weight.nbytes}-byte table"
+    retied = onnx.load(out)
+    (rows,) = [t for t in retied.graph.initializer if t.name != "W" and list(t.dims) == [vocab, width]]
+    assert np.array_equal(numpy_helper.to_array(rows).view(np.uint32), weight.T.view(np.uint32))

@@ -5,9 +5,9 @@ import os
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-import graphs
+from runtime.inspect.reading import load
 from runtime.runner import Runner
 
 U = 2.0**-24
@@ -69,22 +69,38 @@ def _with_outputs(model, names):
     return model
 
 
+def _outputs(path, hidden_names, feeds):
+    """Every output of the model at `path`, and the hidden vectors the heads read, on `feeds`. Its tensor data is
+    left to onnxruntime, read from the model's folder: one session at a time holds the model."""
+    model = _with_outputs(onnx.load(path, load_external_data=False), hidden_names)
+    session = Runner(model, data_folder=os.path.dirname(path)).session  # onnxruntime is the judge: contrib ops
+    names = [o.name for o in session.get_outputs()]                      # are beyond the onnx checker
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def _head_bound(hidden, table, chunk=1 << 24):
+    """2 gamma_w sum|h t| for logits hidden @ table.T, table [vocab, width] (a memory map, or a view of one),
+    computed a block of rows at a time: both sides lie within gamma_w of the exact sum."""
+    h = np.abs(hidden.astype(np.float64))
+    width = table.shape[1]
+    rows = max(1, chunk // (8 * width))
+    sums = np.concatenate([h @ np.abs(table[i:i + rows].astype(np.float64)).T for i in range(0, len(table), rows)],
+                          axis=-1)
+    return 2 * width * U / (1 - width * U) * sums
+
+
 def prove(job):
     """One-line failures (empty: proven) for job {before, after, rewritten: [[output, hidden, table, transposed, now]],
     rows, folder}."""
-    before, after = onnx.load(job["before"]), onnx.load(job["after"])
+    before = load(job["before"])
     flipped = {table: transposed for _, _, table, transposed, _ in job["rewritten"]}
-    tables = {t.name: numpy_helper.to_array(t).T if flipped[t.name] else numpy_helper.to_array(t)
-              for t in before.graph.initializer if t.name in flipped}  # each [vocab, width]
+    tables = {name: before.tensors[name].values().T if transposed else before.tensors[name].values()
+              for name, transposed in flipped.items()}  # each [vocab, width], memory-mapped
     hidden_names = sorted({hidden for _, hidden, *_ in job["rewritten"] if hidden})  # None: no head rewritten
-    sessions = []
-    for label, model in (("before", before), ("after", after)):
-        path = os.path.join(job["folder"], f"proof_{label}.onnx")
-        graphs.save(_with_outputs(model, hidden_names), path, overwrite=True, check=False)  # onnxruntime is the judge: contrib ops are beyond the onnx checker
-        sessions.append(Runner(path).session)
-    feeds = feeds_for(before, job["rows"], np.random.default_rng(0), job.get("head_size"))
-    names = [o.name for o in sessions[0].get_outputs()]
-    old, new = (dict(zip(names, s.run(names, feeds))) for s in sessions)
+    feeds = feeds_for(before.proto, job["rows"], np.random.default_rng(0), job.get("head_size"))
+    old = _outputs(job["before"], hidden_names, feeds)
+    new = _outputs(job["after"], hidden_names, feeds)
+    names = list(old)
     head_of = {output: (hidden, table) for output, hidden, table, *_ in job["rewritten"] if output}
     failures = []
     for name in names:
@@ -93,9 +109,7 @@ def prove(job):
             failures.append(f"output {name!r}: {a.shape} {a.dtype} became {b.shape} {b.dtype}")
         elif name in head_of:
             hidden, table = head_of[name]
-            h, t = np.abs(old[hidden].astype(np.float64)), np.abs(tables[table].astype(np.float64))
-            width = t.shape[1]
-            bound = 2 * width * U / (1 - width * U) * (h @ t.T)  # both sides within gamma_w sum|a b| of exact
+            bound = _head_bound(old[hidden], tables[table])
             if np.isnan(b).any() or not np.all(np.abs(a.astype(np.float64) - b) <= bound):
                 failures.append(f"output {name!r}: differs beyond 2 gamma_w sum|a b|")
         elif not np.array_equal(a.view(np.uint8), b.view(np.uint8)):

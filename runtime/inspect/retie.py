@@ -1,4 +1,5 @@
 """--retie: make every duplicated head read its table in a form onnxruntime keeps as one, prove it, then write."""
+import itertools
 import json
 import os
 
@@ -11,6 +12,15 @@ from runtime.inspect.reading import InspectError, load
 from runtime.inspect.relations import runtime_copies
 
 
+def _shell(graph, name, array):
+    """Declare initializer `name` with `array`'s type and dims; its data is written from `array` when saved."""
+    tensor = graph.initializer.add()
+    tensor.name, tensor.data_type = name, helper.np_dtype_to_tensor_dtype(array.dtype)
+    tensor.dims.extend(array.shape)
+    tensor.data_location = TensorProto.EXTERNAL
+    return array
+
+
 def _const(graph, name, values):
     graph.initializer.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
     return name
@@ -19,7 +29,7 @@ def _const(graph, name, values):
 def _unique(graph, model, base):
     """`base`, or `base` with the first number that makes it a name the graph does not use."""
     taken = {n for node in graph.node for n in list(node.input) + list(node.output)} | set(model.tensors)
-    return next(name for name in [base] + [f"{base}{j}" for j in range(10**6)] if name not in taken)
+    return next(name for name in itertools.chain([base], (f"{base}{j}" for j in itertools.count())) if name not in taken)
 
 
 def rewrite(model, heads, pairs):
@@ -27,15 +37,17 @@ def rewrite(model, heads, pairs):
     form onnxruntime keeps as one: a duplicated head, or a head or lookup reading the table through a Transpose
     (which onnxruntime folds into a copy), becomes Gemm(transB=1) on the table itself, and a table stored
     [width, vocab] (onnxruntime-genai's shared embeddings) is stored once the other way round.
-    Returns [(head output, hidden input, table as the original stores it, whether transposed there, the table's
-    name now)]."""
+    Returns ([(head output, hidden input, table as the original stores it, whether transposed there, the table's
+    name now)], {name: array} of the data of every external or new initializer, views on the model's files that
+    graphs.save writes in chunks: no tensor is loaded whole)."""
     graph = model.proto.graph
     rewritten, done = [], set()
+    sources = {t.name: model.tensors[t.name].raw() for t in graph.initializer if t.data_location == TensorProto.EXTERNAL}
     for p in pairs:
         table, head = p["table_entry"], p["head_entry"]
         if _packed_shared(p) and id(table["node"]) not in done:
             done.add(id(table["node"]))
-            if _gather_packed_in_place(graph, model, table):
+            if _gather_packed_in_place(graph, model, table, sources):
                 rewritten.append((None, None, table["initializer"], False, table["initializer"]))
             continue
         plain = table["format"] == head["format"] == "float32" and "Reshape" not in table["views"] + head["views"]
@@ -46,15 +58,15 @@ def rewrite(model, heads, pairs):
         done.add(id(head["node"]))
         name, flipped = table["initializer"], table["flips"] % 2 == 1
         if flipped:  # stored [width, vocab]: store it once as [vocab, width] and look rows up directly
-            values = np.ascontiguousarray(model.tensors[name].values().T)
             rows = _unique(graph, model, name + "_rows")
-            graph.initializer.append(numpy_helper.from_array(values, rows))
+            sources[rows] = _shell(graph, rows, model.tensors[name].values().T)
             table["node"].input[0] = rows
             name = rows
         rewritten.append(_gemm_head(graph, model, head["node"], name, table["vocab"], table["width"], len(rewritten))
                          + (table["initializer"], flipped, name))
     _drop_dead(graph)
-    return rewritten
+    kept = {t.name for t in graph.initializer}
+    return rewritten, {name: array for name, array in sources.items() if name in kept}
 
 
 def _packed_shared(pair):
@@ -66,7 +78,7 @@ def _packed_shared(pair):
             and len(table["stored_dims"]) == 3)
 
 
-def _gather_packed_in_place(graph, model, table):
+def _gather_packed_in_place(graph, model, table, sources):
     """Make GatherBlockQuantized read the [N, blocks, blob] codes themselves (no Reshape to fold): its scales
     then need the codes' rank, [N, blocks, 1] (a second, small scales tensor, since MatMulNBits insists on its
     own), and its rows come out [..., blocks, block], so one Reshape of the looked-up rows (not of the table)
@@ -77,9 +89,8 @@ def _gather_packed_in_place(graph, model, table):
         return False
     codes, scales = table["initializer"], model.tensors[table["scales"]]
     blocks = table["stored_dims"][1]
-    scale_values = np.ascontiguousarray(scales.values()).reshape(table["vocab"], blocks, 1)
     scales3 = _unique(graph, model, table["scales"] + "_blocks")
-    graph.initializer.append(numpy_helper.from_array(scale_values, scales3))
+    sources[scales3] = _shell(graph, scales3, scales.values().reshape(table["vocab"], blocks, 1))
     output = node.output[0]
     blocked = _unique(graph, model, output + "_blocks")
     node.input[0], node.input[2], node.output[0] = codes, scales3, blocked
@@ -148,15 +159,6 @@ def _drop_dead(graph):
         graph.initializer.remove(tensor)
 
 
-def _inline(model):
-    """Bring external tensors into the proto (they were checked and lie inside the model's folder)."""
-    for tensor in model.proto.graph.initializer:
-        if tensor.data_location == TensorProto.EXTERNAL:
-            tensor.raw_data = bytes(model.tensors[tensor.name].raw())
-            tensor.data_location = TensorProto.DEFAULT
-            del tensor.external_data[:]
-
-
 def genai_head_size(path):
     """head_size from onnxruntime-genai's genai_config.json beside the model, if there is one that says."""
     try:
@@ -171,7 +173,7 @@ def retie(model, found, out_path, folder, limits, say):
     """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven."""
     if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
         raise InspectError(f"{model.path}: opset below 13; --retie rewrites with opset-13 Slice and Reshape")
-    rewritten = rewrite(model, found["heads"], found["pairs"])
+    rewritten, sources = rewrite(model, found["heads"], found["pairs"])
     for p in found["pairs"]:
         views = p["table_entry"]["views"] + p["head_entry"]["views"]
         if p["relation"] != "distinct" and (p["table_entry"]["format"] != "float32" or "Reshape" in views) \
@@ -181,9 +183,8 @@ def retie(model, found, out_path, folder, limits, say):
     if not rewritten:
         say("retie: nothing to do: no duplicated head, and no head reading its table through a Transpose\n")
         return 0
-    _inline(model)
     staged = os.path.join(folder, "retied.onnx")
-    graphs.save(model.proto, staged, check=False)  # checked, like everything else, in the isolated child
+    graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
     rows = {t["node"].input[1]: t["vocab"] for t in found["tables"]}
     job = {"kind": "prove", "before": os.path.abspath(model.path), "after": staged, "rewritten": rewritten,
            "rows": rows, "folder": folder, "head_size": genai_head_size(model.path)}
@@ -206,7 +207,7 @@ def retie(model, found, out_path, folder, limits, say):
     if failures:
         say(f"retie: not proven, nothing written: {failures[0]}\n")
         return 1
-    written = graphs.save(model.proto, out_path, check=False)  # the same model the child checked in full
+    written = graphs.save(model.proto, out_path, check=False, sources=sources)  # the model the child checked
     size = sum(os.path.getsize(p) for p in written)
     memory = sum(t.nbytes for t in load(optimized, folder).tensors.values())
     heads = sum(hidden is not None for _, hidden, *_ in rewritten)
