@@ -60,6 +60,17 @@ def test_inspect_genai_int4_shared_embeddings():
     assert (copy["view"], copy["bytes"]) == ("reshaped", packed)
 
 
+def test_inspect_genai_fp16_counts_the_float32_copy():
+    """onnxruntime's CPU provider runs the float16 head through a float32 MatMul: the inserted Cast is folded into a
+    float32 copy of the table (beside the Transpose's float16 copy), and inspect says whose it is."""
+    data = vocabulary(os.path.join(FIXTURES, "genai_fp16", "model.onnx"))
+    (entry,) = data["vocabulary"]
+    assert (entry["format"], entry["bytes"], entry["tied"], entry["tables_in_memory"]) == (
+        "float16", VOCAB * WIDTH * 2, True, 3)
+    views = sorted((c["view"], c["bytes"]) for c in data["runtime_copies"] if c.get("copy_of") == entry["table"])
+    assert views == [("transposed", VOCAB * WIDTH * 2), ("widened", VOCAB * WIDTH * 4)]
+
+
 def test_inspect_summarises_small_runtime_copies():
     out = inspect(os.path.join(FIXTURES, "genai_fp32", "model.onnx")).stdout
     assert "runtime copies under 4096 bytes: 2 (folded constants), 16 bytes in all" in out

@@ -69,12 +69,30 @@ def runtime_copies(model, optimized, watched):
                 view = "transposed"
             elif source.data_type == tensor.data_type and _same_bytes(source, tensor):
                 view = "same" if source.dims == tensor.dims else "reshaped"
+            elif _widened(source, tensor, transposed=False):
+                view = "widened"
+            elif _widened(source, tensor, transposed=True):
+                view = "widened_transposed"
             else:
                 continue
-            entry.update(copy_of=source_name, view=view, transposed=view == "transposed")
+            entry.update(copy_of=source_name, view=view, transposed=view.endswith("transposed"))
             break
         copies.append(entry)
     return copies
+
+
+def _widened(a, b, transposed):
+    """Whether `b` holds float16 / bfloat16 `a`'s values as float32 (the copy onnxruntime's CPU provider makes
+    when it runs a half-precision head through a float32 kernel: an inserted Cast, constant-folded), compared a
+    chunk of rows at a time."""
+    if a.data_type not in (TensorProto.FLOAT16, TensorProto.BFLOAT16) or b.data_type != TensorProto.FLOAT \
+            or len(a.dims) != 2 or a.dims != (b.dims[::-1] if transposed else b.dims):
+        return False
+    x, y = a.values(), b.values()
+    y = y.T if transposed else y
+    rows = max(1, _CHUNK // max(1, 4 * x.shape[1]))
+    return all(np.array_equal(x[i:i + rows].astype(np.float32).view(np.uint32), np.ascontiguousarray(y[i:i + rows]).view(np.uint32))
+               for i in range(0, x.shape[0], rows))
 
 
 def _same_bytes(a, b):
