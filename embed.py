@@ -11,6 +11,7 @@ Runs on a bare `python3 -I -S`. `python3 embed.py --help` shows the walkthrough.
 import argparse
 import math
 import operator
+import struct
 import sys
 from array import array
 from itertools import repeat
@@ -93,6 +94,102 @@ def param_count(vocab_size, width, tied=True):
     check_int("vocab_size", vocab_size, 1)
     check_int("width", width, 1)
     return vocab_size * width * (1 if tied else 2)
+
+
+# Precision: what the vocabulary costs in bytes. Formats in this order everywhere.
+FORMATS = ("float32", "float16", "bfloat16", "int8", "int4")
+_VALUE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+_QMAX = {"int8": 127, "int4": 7}
+_F32 = struct.Struct("<f")
+_U32 = struct.Struct("<I")
+
+
+def _float32(x):
+    """`x` rounded to the nearest float32 (ties to even), as a Python float."""
+    return _F32.unpack(_F32.pack(x))[0]
+
+
+def _check_format(fmt, block_size):
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; want one of {', '.join(FORMATS)}")
+    if block_size is not None:
+        check_int("block_size", block_size, 1)
+
+
+def _blocks(width, block_size):
+    """[(start, stop)] of each block of a row: `block_size` columns (None: the whole row), the last maybe shorter."""
+    size = width if block_size is None else block_size
+    return [(start, min(start + size, width)) for start in range(0, width, size)]
+
+
+def _to_float16(x):
+    try:
+        return struct.unpack("<e", struct.pack("<e", x))[0]  # IEEE binary16, nearest, ties to even
+    except OverflowError:
+        raise ValueError(f"{x!r} is beyond float16's finite range (65504)") from None
+
+
+def _to_bfloat16(x):
+    bits = _U32.unpack(_F32.pack(x))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16  # the top 16 bits, nearest, ties to even
+    if bits & 0x7F800000 == 0x7F800000:
+        raise ValueError(f"{x!r} is beyond bfloat16's finite range")
+    return _F32.unpack(_U32.pack(bits))[0]
+
+
+def quantize(table, fmt, block_size=None):
+    """(codes, scales) of `table` stored in `fmt`, after rounding every value to float32.
+
+    float16 / bfloat16: codes are the values rounded to the format (nearest, ties to even), scales None.
+    int8 / int4: symmetric, one float32 scale per block of `block_size` columns of a row (None: the row),
+    scale = float32(max|x| / qmax) (1.0 for an all-zero block), code = round-half-even(x / scale) clamped to
+    [-qmax, qmax], qmax 127 / 7; codes are ints and scales a list of rows.
+    """
+    _check_format(fmt, block_size)
+    shape(table)
+    rows = [[_float32(x) for x in row] for row in table]
+    if not all(math.isfinite(x) for row in rows for x in row):
+        raise ValueError("the table holds NaN or inf (or a value beyond float32's range)")
+    if fmt in ("float32", "float16", "bfloat16"):
+        to = {"float32": float, "float16": _to_float16, "bfloat16": _to_bfloat16}[fmt]
+        return [[to(x) for x in row] for row in rows], None
+    qmax, blocks = _QMAX[fmt], _blocks(len(rows[0]), block_size)
+    codes, scales = [], []
+    for row in rows:
+        row_scales = [_float32(max(map(abs, row[a:b])) / qmax) or 1.0 for a, b in blocks]
+        codes.append([max(-qmax, min(qmax, round(x / scale))) for (a, b), scale in zip(blocks, row_scales)
+                      for x in row[a:b]])
+        scales.append(row_scales)
+    return codes, scales
+
+
+def dequantize(codes, scales, fmt, block_size=None):
+    """The table `quantize` stored: float formats, the codes; int8 / int4, float32(code x scale), rounded once
+    (the product of a small int and a float32 is exact in a Python float)."""
+    _check_format(fmt, block_size)
+    shape(codes)
+    if fmt in ("float32", "float16", "bfloat16"):
+        return [[float(x) for x in row] for row in codes]
+    blocks = _blocks(len(codes[0]), block_size)
+    if scales is None or len(scales) != len(codes) or any(len(row) != len(blocks) for row in scales):
+        raise ValueError(f"want {len(codes)} rows of {len(blocks)} scales for {fmt} blocks of {block_size}")
+    return [[_float32(code * scale) for (a, b), scale in zip(blocks, row_scales) for code in row[a:b]]
+            for row, row_scales in zip(codes, scales)]
+
+
+def table_bytes(vocab_size, width, fmt="float32", block_size=None, tied=True):
+    """Bytes the table takes as stored in `fmt` (codes plus float32 scales; int4 packs two codes a byte), and
+    as much again for an untied head."""
+    check_int("vocab_size", vocab_size, 1)
+    check_int("width", width, 1)
+    _check_format(fmt, block_size)
+    if fmt == "int4":
+        stored = (vocab_size * width + 1) // 2
+    else:
+        stored = vocab_size * width * _VALUE_BYTES[fmt]
+    if fmt in _QMAX:
+        stored += 4 * vocab_size * len(_blocks(width, block_size))
+    return stored * (1 if tied else 2)
 
 
 def check_id(token_id, vocab_size, name="token id"):
@@ -253,6 +350,9 @@ def _walkthrough(vocab_size, width, seed, ids, query, k):
     print(f"table = make_table({vocab}, {width}, seed={seed}): shape {shape(table)}")
     print(f"  values held: tied {param_count(vocab, width)}, untied {param_count(vocab, width, tied=False)}"
           " (an untied head is a second table)")
+    print("  bytes held, tied / untied: " + ", ".join(
+        f"{fmt} {table_bytes(vocab, width, fmt)} / {table_bytes(vocab, width, fmt, tied=False)}" for fmt in FORMATS)
+        + " (int8 / int4 with one float32 scale a row)")
     doubled = make_table(2 * vocab, width, seed)
     print(f"  vocabulary doubled to {2 * vocab}: tied {param_count(2 * vocab, width)}, untied "
           f"{param_count(2 * vocab, width, tied=False)} (x{param_count(2 * vocab, width) / param_count(vocab, width):g});"

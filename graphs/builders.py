@@ -6,6 +6,7 @@ import onnx
 from onnx import TensorProto, helper
 
 import embed
+from graphs import precision
 from graphs.storage import check
 
 OPSET = 21  # every operator here is in the default domain; opset 21 is what onnxruntime 1.32 runs natively
@@ -34,15 +35,17 @@ def _node(op, inputs, outputs, name, doc, **attrs):
 
 
 def _weight(array, name, doc):
-    """(name, array, doc): the model is given its tensors in place (see _model), so tables past 2 GiB fit."""
-    return name, array, doc
+    """(name, data, dims, type, doc): the model is given its tensors in place (see _model), so tables past 2 GiB
+    fit."""
+    return name, array, list(array.shape), helper.np_dtype_to_tensor_dtype(array.dtype), doc
 
 
 def _const(values, name, dtype, doc):
     return _weight(np.asarray(values, dtype=dtype), name, doc)
 
 
-def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, width, tied, tables):
+def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, width, tied, tables, fmt="float32",
+           block_size=None):
     """Assemble, tag and check a model; `tables` is how many vocab x width tensors it holds.
 
     The graph is filled in place rather than through make_graph/make_model, which copy their
@@ -53,11 +56,12 @@ def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, 
                               opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="embedding-onnx-lab", doc_string=doc)
     model.ir_version = IR_VERSION
-    for name, array, weight_doc in weights:
+    if any(node.domain == "com.microsoft" for node in nodes):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    for name, array, dims, elem_type, weight_doc in weights:
         tensor = model.graph.initializer.add()
-        tensor.name, tensor.doc_string = name, weight_doc
-        tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
-        tensor.dims.extend(array.shape)
+        tensor.name, tensor.doc_string, tensor.data_type = name, weight_doc, elem_type
+        tensor.dims.extend(dims)
         tensor.raw_data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
     helper.set_model_props(model, {
         "graph": graph_name,
@@ -65,14 +69,34 @@ def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, 
         "width": str(width),
         "tied": "true" if tied else "false",
         "parameter_count": str(tables * vocab * width),  # values in vocab x width tables, shared ones once
+        "format": fmt,
+        "block_size": str(block_size or 0),
     })
     check(model)  # the full checker, with large tables stood in for by holes of their size (graphs.storage.check)
     return model
 
 
-def _embedding(table, tied=False):
-    shared = "; tied: also the output head's weight (through node 'tie' to Gemm 'lm_head_tied')" if tied else ""
-    return _weight(table, "embedding", "the embedding table [vocab, width]: row t is token t's vector" + shared)
+def _embedding(table, tied=False, fmt="float32", block_size=None, name="embedding"):
+    """The table's initializers in `fmt`: [embedding] or [embedding, embedding_scale]."""
+    if fmt == "float32" and name == "embedding":
+        shared = "; tied: also the output head's weight (through node 'tie' to Gemm 'lm_head_tied')" if tied else ""
+        return [_weight(table, "embedding", "the embedding table [vocab, width]: row t is token t's vector" + shared)]
+    entries = precision.initializers(table, fmt, block_size, name)
+    what = "the embedding table" + ("; tied: also the output head's weight" if tied else "")
+    return [(n, data, dims, elem_type, f"{what}: {doc}") for n, data, dims, elem_type, doc in entries]
+
+
+def _rows(fmt, block_size, width, output="embeddings", table="embedding"):
+    """(nodes, value_info) of the lookup in `fmt`: float32 rows, only the fetched ones decoded."""
+    if fmt == "float32":
+        return [_lookup_node(output, table)], []
+    return precision.lookup_nodes(fmt, block_size, width, output, table=table)
+
+
+def _decoded(fmt, block_size, vocab, width, table="embedding"):
+    """(nodes, name, value_info) of the whole table as float32, for readers of every row."""
+    nodes, name = precision.table_nodes(fmt, block_size, width, table + "_float32", table)
+    return nodes, name, ([_value(name, FLOAT, [vocab, width])] if nodes else [])
 
 
 def _lookup_node(output="embeddings", table="embedding"):
@@ -84,26 +108,34 @@ def _lookup_node(output="embeddings", table="embedding"):
 IDS = ["batch", "seq"]
 
 
-def gather_lookup(table):
-    """ids [batch, seq] -> embeddings [batch, seq, width] by Gather: the lookup."""
-    table = as_table(table)
+def _prepared(table, fmt, block_size, name="table"):
+    table = as_table(table, name)
+    precision.check_graph_format(fmt, block_size, table.shape[1])
+    return table
+
+
+def gather_lookup(table, fmt="float32", block_size=None):
+    """ids [batch, seq] -> embeddings [batch, seq, width] by Gather: the lookup (the table stored in `fmt`)."""
+    table = _prepared(table, fmt, block_size)
     vocab, width = table.shape
+    nodes, value_info = _rows(fmt, block_size, width)
     return _model(
-        "gather_lookup", "Token ids to vectors by pulling rows out of the table (Gather).",
-        [_lookup_node()],
+        "gather_lookup", "Token ids to vectors by pulling rows out of the table (Gather).", nodes,
         [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
-        [_embedding(table)], [], vocab, width, tied=False, tables=1)
+        _embedding(table, fmt=fmt, block_size=block_size), value_info, vocab, width, tied=False, tables=1,
+        fmt=fmt, block_size=block_size)
 
 
-def onehot_lookup(table):
+def onehot_lookup(table, fmt="float32", block_size=None):
     """ids -> embeddings as one_hot(ids) @ embedding: the same rows, vocab*width products per id."""
-    table = as_table(table)
+    table = _prepared(table, fmt, block_size)
     vocab, width = table.shape
-    nodes = [
+    decode, decoded, decoded_info = _decoded(fmt, block_size, vocab, width)
+    nodes = decode + [
         _node("OneHot", ["ids", "depth", "off_on"], ["one_hot"], "one_hot",
               "a vocab-long row of 0.0 with 1.0 at the id; a negative id wraps, "
               "one >= vocab gives an all-zero row (the runner refuses both first)", axis=-1),
-        _node("MatMul", ["one_hot", "embedding"], ["embeddings"], "select_rows",
+        _node("MatMul", ["one_hot", decoded], ["embeddings"], "select_rows",
               "one_hot @ embedding: every row times 0 or 1 and summed, so exactly the looked-up row"),
     ]
     consts = [_const([vocab], "depth", np.int64, "OneHot depth: the vocabulary size"),
@@ -111,19 +143,22 @@ def onehot_lookup(table):
     return _model(
         "onehot_lookup", "Token ids to vectors by multiplying one-hot rows with the table (OneHot + MatMul).",
         nodes, [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
-        [_embedding(table)] + consts, [_value("one_hot", FLOAT, IDS + [vocab])],
-        vocab, width, tied=False, tables=1)
+        _embedding(table, fmt=fmt, block_size=block_size) + consts,
+        decoded_info + [_value("one_hot", FLOAT, IDS + [vocab])], vocab, width, tied=False, tables=1, fmt=fmt,
+        block_size=block_size)
 
 
-def _logits(table, head, tied):
+def _logits(table, head, tied, fmt="float32", block_size=None):
     """The lookup plus a head that scores `hidden` against every row of `head` (Gemm with transB=1)."""
     vocab, width = table.shape
-    head_name = "tied_embedding" if tied else "lm_head"
+    plain = fmt == "float32"
+    head_name = ("tied_embedding" if plain else "embedding") if tied else "lm_head"
+    decode, head_name, decoded_info = _decoded(fmt, block_size, vocab, width, head_name)
+    lookup, lookup_info = _rows(fmt, block_size, width, table="tied_embedding" if tied and plain else "embedding")
     head_doc = ("logits = hidden @ embedding^T: the same table the lookup reads (weight tying); "
                 "Gemm's transB reads it in place, so no transposed copy is made" if tied else
                 "logits = hidden @ lm_head^T: a second vocab x width table, untied from the embedding")
-    nodes = [
-        _lookup_node(table="tied_embedding" if tied else "embedding"),
+    nodes = lookup + decode + [
         _node("Reshape", ["hidden", "rows_shape"], ["hidden_rows"], "flatten",
               "[batch, seq, width] -> [batch*seq, width]: Gemm takes 2-D operands"),
         _node("Gemm", ["hidden_rows", head_name], ["logits_rows"], "lm_head_tied" if tied else "lm_head", head_doc,
@@ -134,16 +169,19 @@ def _logits(table, head, tied):
         _node("Reshape", ["logits_rows", "logits_shape"], ["logits"], "unflatten",
               "[batch*seq, vocab] -> [batch, seq, vocab]"),
     ]
-    value_info = [_value("hidden_rows", FLOAT, ["batch*seq", width]), _value("logits_rows", FLOAT, ["batch*seq", vocab]),
-                  _value("batch_seq", INT64, [2]), _value("logits_shape", INT64, [3])]
-    if tied:  # the tie as an edge Netron draws: one table forking to both readers (onnxruntime drops the node)
+    value_info = lookup_info + decoded_info + [
+        _value("hidden_rows", FLOAT, ["batch*seq", width]), _value("logits_rows", FLOAT, ["batch*seq", vocab]),
+        _value("batch_seq", INT64, [2]), _value("logits_shape", INT64, [3])]
+    if tied and plain:  # the tie as an edge Netron draws: one table forking to both readers (onnxruntime drops the node)
         nodes.insert(0, _node("Identity", ["embedding"], ["tied_embedding"], "tie",
                               "weight tying: the one embedding table feeds both the lookup (Gather) and the "
                               "output head (Gemm); no copy is made"))
         value_info.insert(0, _value("tied_embedding", FLOAT, [vocab, width]))
-    initializers = [_embedding(table, tied)]
-    if not tied:
+    initializers = _embedding(table, tied, fmt, block_size)
+    if not tied and plain:
         initializers.append(_weight(head, "lm_head", "the output head [vocab, width]: a table of its own"))
+    elif not tied:
+        initializers += _embedding(head, False, fmt, block_size, name="lm_head")
     initializers += [_const([-1, width], "rows_shape", np.int64, "[-1, width]"),
                      _const([vocab], "vocab_dim", np.int64, "[vocab]")]
     name = "tied_logits" if tied else "untied_logits"
@@ -153,29 +191,29 @@ def _logits(table, head, tied):
         name, doc, nodes,
         [_value("ids", INT64, IDS), _value("hidden", FLOAT, IDS + [width])],
         [_value("embeddings", FLOAT, IDS + [width]), _value("logits", FLOAT, IDS + [vocab])],
-        initializers, value_info, vocab, width, tied=tied, tables=1 if tied else 2)
+        initializers, value_info, vocab, width, tied=tied, tables=1 if tied else 2, fmt=fmt, block_size=block_size)
 
 
-def tied_logits(table):
-    """ids -> embeddings and hidden -> logits, both from the one `embedding` initializer."""
-    table = as_table(table)
-    return _logits(table, table, tied=True)
+def tied_logits(table, fmt="float32", block_size=None):
+    """ids -> embeddings and hidden -> logits, both from the one `embedding` initializer (stored in `fmt`)."""
+    table = _prepared(table, fmt, block_size)
+    return _logits(table, table, tied=True, fmt=fmt, block_size=block_size)
 
 
-def untied_logits(table, head):
+def untied_logits(table, head, fmt="float32", block_size=None):
     """ids -> embeddings from `embedding`; hidden -> logits from a separate `lm_head` of the same shape."""
-    table, head = as_table(table), as_table(head, "head")
+    table, head = _prepared(table, fmt, block_size), _prepared(head, fmt, block_size, "head")
     if head.shape != table.shape:
         raise ValueError(f"head shape {head.shape} must equal the table's {table.shape}")
-    return _logits(table, head, tied=False)
+    return _logits(table, head, tied=False, fmt=fmt, block_size=block_size)
 
 
-def scaled_lookup(table):
+def scaled_lookup(table, fmt="float32", block_size=None):
     """ids -> embeddings * sqrt(width): the lookup the Transformer paper scales."""
-    table = as_table(table)
+    table = _prepared(table, fmt, block_size)
     vocab, width = table.shape
-    nodes = [
-        _lookup_node("rows"),
+    lookup, lookup_info = _rows(fmt, block_size, width, "rows")
+    nodes = lookup + [
         _node("Mul", ["rows", "sqrt_width"], ["embeddings"], "scale",
               f"rows * sqrt({width}): every length grows sqrt(width) times, no direction changes"),
     ]
@@ -183,27 +221,29 @@ def scaled_lookup(table):
     return _model(
         "scaled_lookup", "Lookup then multiply by sqrt(width).", nodes,
         [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
-        [_embedding(table), scale], [_value("rows", FLOAT, IDS + [width])], vocab, width, tied=False, tables=1)
+        _embedding(table, fmt=fmt, block_size=block_size) + [scale], lookup_info + [_value("rows", FLOAT, IDS + [width])],
+        vocab, width, tied=False, tables=1, fmt=fmt, block_size=block_size)
 
 
-def neighbors(table, metric="cosine"):
+def neighbors(table, metric="cosine", fmt="float32", block_size=None):
     """ids [n], k [1] -> the k nearest other tokens by cosine or dot: indices [n, k], scores [n, k]."""
     if metric not in ("cosine", "dot"):
         raise ValueError(f"unknown metric {metric!r}: use 'cosine' or 'dot'")
-    table = as_table(table)
+    table = _prepared(table, fmt, block_size)
     vocab, width = table.shape
-    nodes = [
-        _lookup_node("queries"),
-        _node("Gemm", ["queries", "embedding"], ["dots"], "dots", "queries @ embedding^T: [n, vocab]", transB=1),
+    lookup, lookup_info = _rows(fmt, block_size, width, "queries")
+    decode, decoded, decoded_info = _decoded(fmt, block_size, vocab, width)
+    nodes = lookup + decode + [
+        _node("Gemm", ["queries", decoded], ["dots"], "dots", "queries @ embedding^T: [n, vocab]", transB=1),
     ]
-    value_info = [_value("queries", FLOAT, ["n", width]), _value("dots", FLOAT, ["n", vocab])]
+    value_info = lookup_info + decoded_info + [_value("queries", FLOAT, ["n", width]), _value("dots", FLOAT, ["n", vocab])]
     consts = [_const([vocab], "depth", np.int64, "OneHot depth: the vocabulary size"),
               _const([0.0, -np.inf], "off_self", np.float32, "added to each score: -inf on the query itself"),
               _const([vocab - 1], "others", np.int64, "at most vocab - 1 other tokens")]
     scores = "dots"
     if metric == "cosine":
         nodes += [
-            _node("ReduceL2", ["embedding", "width_axis"], ["norms"], "norms", "|row| for every token", keepdims=0),
+            _node("ReduceL2", [decoded, "width_axis"], ["norms"], "norms", "|row| for every token", keepdims=0),
             _node("Gather", ["norms", "ids"], ["query_norms"], "query_norms", "|query|", axis=0),
             _node("Unsqueeze", ["query_norms", "width_axis"], ["query_norms_col"], "as_column", "[n] -> [n, 1]"),
             _node("Mul", ["query_norms_col", "norms"], ["norm_products"], "norm_products", "|query| * |row|"),
@@ -228,4 +268,5 @@ def neighbors(table, metric="cosine"):
         f"neighbors_{metric}", f"The k tokens nearest each query by {metric}, the query itself excluded.",
         nodes, [_value("ids", INT64, ["n"]), _value("k", INT64, [1])],
         [_value("indices", INT64, ["n", "k"]), _value("scores", FLOAT, ["n", "k"])],
-        [_embedding(table)] + consts, value_info, vocab, width, tied=False, tables=1)
+        _embedding(table, fmt=fmt, block_size=block_size) + consts, value_info, vocab, width, tied=False, tables=1,
+        fmt=fmt, block_size=block_size)

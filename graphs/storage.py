@@ -23,8 +23,18 @@ def inline_bytes(model):
 def _size(tensor):
     """Bytes of a tensor's data: dims x itemsize for raw data, the serialized size otherwise (small typed data)."""
     if tensor.HasField("raw_data"):
-        return math.prod(tensor.dims) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+        return raw_bytes(tensor.data_type, tensor.dims)
     return tensor.ByteSize()
+
+
+_PACKED = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1}  # two values a byte
+
+
+def raw_bytes(data_type, dims):
+    """Bytes of raw data a tensor of this type and dims holds (4-bit types pack two values a byte)."""
+    if data_type in _PACKED:
+        return (math.prod(dims) + 1) // 2
+    return math.prod(dims) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize
 
 
 def fits_inline(model):
@@ -96,9 +106,8 @@ def check(model, min_bytes=1 << 20):
     for tensor in shell.graph.initializer:
         if tensor.name not in large:
             continue
-        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
         length = len(large[tensor.name].raw_data)
-        if length != math.prod(tensor.dims) * itemsize:
+        if length != raw_bytes(tensor.data_type, tensor.dims):
             raise onnx.checker.ValidationError(f"initializer {tensor.name!r}: {length} bytes of raw data for dims "
                                                f"{list(tensor.dims)}")
         tensor.data_location = onnx.TensorProto.EXTERNAL

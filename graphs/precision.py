@@ -1,0 +1,146 @@
+"""The table stored in a format of embed.FORMATS, and the nodes that read it back as float32.
+
+numpy does what embed.quantize does, bit for bit (the tests compare them value by value); the graphs then hold
+the codes once, in their own ONNX type, and decode only what an op needs:
+
+- a lookup decodes the rows it fetches: Gather then Cast (float16, bfloat16), Gather of codes and of scales then
+  DequantizeLinear (int8), or onnxruntime's GatherBlockQuantized (int4: ONNX's Gather does not take INT4, and
+  gathering packed bytes would need a dozen bit-twiddling nodes for what this one contrib op does);
+- a head or a one-hot product needs every row, so it reads the whole table through Cast / DequantizeLinear.
+"""
+import numpy as np
+from onnx import TensorProto, helper
+
+import embed
+
+ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
+             "int8": TensorProto.INT8, "int4": TensorProto.INT4}
+_QMAX = {"int8": 127, "int4": 7}
+
+
+def check_format(fmt, block_size):
+    """The reference's checks on a format and block size (ValueError / TypeError)."""
+    embed.table_bytes(1, 1, fmt, block_size)
+
+
+def quantize(table, fmt, block_size=None):
+    """(codes, scales) as numpy arrays equal to embed.quantize(table, fmt, block_size) value for value.
+
+    codes: float32 / float16 arrays, bfloat16 as its uint16 bit patterns, int8 codes (int4 codes too, unpacked);
+    scales: float32 [vocab, blocks] for int8 / int4, else None."""
+    check_format(fmt, block_size)
+    table = np.asarray(table, dtype=np.float32)
+    if not np.isfinite(table).all():
+        raise ValueError("the table holds NaN or inf")
+    if fmt == "float32":
+        return table, None
+    if fmt == "float16":
+        with np.errstate(over="ignore"):
+            codes = table.astype(np.float16)
+        if not np.isfinite(codes).all():
+            raise ValueError("a value is beyond float16's finite range (65504)")
+        return codes, None
+    if fmt == "bfloat16":
+        bits = table.view(np.uint32)
+        rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+        if ((rounded & np.uint16(0x7F80)) == np.uint16(0x7F80)).any():
+            raise ValueError("a value is beyond bfloat16's finite range")
+        return rounded, None
+    vocab, width = table.shape
+    size = width if block_size is None else block_size
+    blocks = -(-width // size)
+    padded = np.zeros((vocab, blocks * size), np.float64)
+    padded[:, :width] = table
+    padded = padded.reshape(vocab, blocks, size)
+    qmax = _QMAX[fmt]
+    scales = (np.abs(padded).max(axis=2) / qmax).astype(np.float32)
+    scales[scales == 0] = 1.0
+    codes = np.clip(np.rint(padded / scales[:, :, None].astype(np.float64)), -qmax, qmax)
+    return codes.reshape(vocab, -1)[:, :width].astype(np.int8), scales
+
+
+def dequantize(codes, scales, fmt, block_size=None):
+    """float32 [vocab, width] from quantize's output: embed.dequantize bit for bit."""
+    if fmt == "bfloat16":
+        return (codes.astype(np.uint32) << 16).view(np.float32)
+    if scales is None:
+        return codes.astype(np.float32)
+    width = codes.shape[1]
+    size = width if block_size is None else block_size
+    return (codes * np.repeat(scales, size, axis=1)[:, :width]).astype(np.float32)  # exact product, one rounding
+
+
+def pack_int4(codes):
+    """int4 codes as ONNX stores INT4: two a byte, the first in the low nibble, flat over the tensor."""
+    flat = codes.reshape(-1).astype(np.uint8) & np.uint8(15)
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    return flat[0::2] | (flat[1::2] << np.uint8(4))
+
+
+def initializers(table, fmt, block_size, name="embedding"):
+    """[(name, data, dims, onnx type, doc)] of the table stored in `fmt`: codes, and float32 scales for int8/int4."""
+    codes, scales = quantize(table, fmt, block_size)
+    data = pack_int4(codes) if fmt == "int4" else codes
+    blocks = f"one per {block_size} columns" if block_size else "one per row"
+    out = [(name, data, list(table.shape), ONNX_TYPE[fmt], f"{fmt} codes [vocab, width]")]
+    if scales is not None:
+        out.append((name + "_scale", scales, list(scales.shape), TensorProto.FLOAT,
+                    f"float32 scales [vocab, blocks], {blocks}: value = code x scale"))
+    return out
+
+
+def _gbq_block(width, block_size):
+    """GatherBlockQuantized's block: a power of two >= 16; None (one scale a row) spans the row."""
+    if block_size is None:
+        return max(16, 1 << (width - 1).bit_length())
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"int4 lookups need block_size a power of two >= 16 (onnxruntime's GatherBlockQuantized), "
+                         f"got {block_size}")
+    return block_size
+
+
+def check_graph_format(fmt, block_size, width):
+    """check_format, plus what the int4 lookup op requires."""
+    check_format(fmt, block_size)
+    if fmt == "int4":
+        _gbq_block(width, block_size)
+
+
+def lookup_nodes(fmt, block_size, width, output, ids="ids", table="embedding"):
+    """(nodes, value_info) reading float32 rows `output` = decoded table[ids], decoding only those rows."""
+    doc = "embedding[ids]: copies one row per id, no multiplications (the runner refuses ids out of range first)"
+    if fmt == "float32":
+        return [helper.make_node("Gather", [table, ids], [output], name="lookup", doc_string=doc, axis=0)], []
+    if fmt == "int4":
+        return [helper.make_node(
+            "GatherBlockQuantized", [table, ids, table + "_scale"], [output], name="lookup", domain="com.microsoft",
+            doc_string=doc + "; decodes the fetched int4 rows only: code x scale", gather_axis=0, quantize_axis=1,
+            block_size=_gbq_block(width, block_size))], []
+    codes = output + "_codes"
+    nodes = [helper.make_node("Gather", [table, ids], [codes], name="lookup", doc_string=doc + f" ({fmt} codes)",
+                              axis=0)]
+    if fmt == "int8":
+        nodes += [helper.make_node("Gather", [table + "_scale", ids], [output + "_scales"], name="lookup_scales",
+                                   doc_string="the fetched rows' scales", axis=0),
+                  helper.make_node("DequantizeLinear", [codes, output + "_scales"], [output], name="decode_rows",
+                                   doc_string="code x scale, for the fetched rows only", axis=-1,
+                                   block_size=block_size or width)]
+    else:
+        nodes.append(helper.make_node("Cast", [codes], [output], name="decode_rows",
+                                      doc_string=f"{fmt} -> float32, exact, for the fetched rows only",
+                                      to=TensorProto.FLOAT))
+    return nodes, []
+
+
+def table_nodes(fmt, block_size, width, output, table="embedding"):
+    """(nodes, input name) giving the whole table as float32 (a head or a one-hot product reads every row)."""
+    if fmt == "float32":
+        return [], table
+    if fmt in ("int8", "int4"):
+        return [helper.make_node("DequantizeLinear", [table, table + "_scale"], [output], name="decode_table",
+                                 doc_string="code x scale for every row (a head reads them all)", axis=1,
+                                 block_size=block_size or width)], output
+    return [helper.make_node("Cast", [table], [output], name="decode_table",
+                             doc_string=f"{fmt} -> float32 for every row (a head reads them all)",
+                             to=TensorProto.FLOAT)], output
