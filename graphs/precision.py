@@ -16,6 +16,7 @@ import embed
 ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
              "int8": TensorProto.INT8, "int4": TensorProto.INT4}
 _QMAX = {"int8": 127, "int4": 7}
+_CHUNK = 8 * 2**20  # bytes of float64 work at a time: quantizing stays in cache-sized pieces
 
 
 def check_format(fmt, block_size):
@@ -49,14 +50,24 @@ def quantize(table, fmt, block_size=None):
     vocab, width = table.shape
     size = width if block_size is None else block_size
     blocks = -(-width // size)
-    padded = np.zeros((vocab, blocks * size), np.float64)
-    padded[:, :width] = table
-    padded = padded.reshape(vocab, blocks, size)
     qmax = _QMAX[fmt]
-    scales = (np.abs(padded).max(axis=2) / qmax).astype(np.float32)
-    scales[scales == 0] = 1.0
-    codes = np.clip(np.rint(padded / scales[:, :, None].astype(np.float64)), -qmax, qmax)
-    return codes.reshape(vocab, -1)[:, :width].astype(np.int8), scales
+    codes = np.empty((vocab, width), np.int8)
+    scales = np.empty((vocab, blocks), np.float32)
+    step = max(1, _CHUNK // (8 * blocks * size))
+    padded = np.zeros((min(step, vocab), blocks * size), np.float64)  # float64: x / scale as Python divides
+    for start in range(0, vocab, step):
+        rows = table[start:start + step]
+        work = padded[:len(rows)]
+        work[:, :width] = rows
+        shaped = work.reshape(len(rows), blocks, size)
+        block_scales = (np.abs(shaped).max(axis=2) / qmax).astype(np.float32)
+        block_scales[block_scales == 0] = 1.0
+        scales[start:start + step] = block_scales
+        shaped /= block_scales[:, :, None]
+        np.rint(work, out=work)
+        np.clip(work, -qmax, qmax, out=work)
+        codes[start:start + step] = work[:, :width]
+    return codes, scales
 
 
 def dequantize(codes, scales, fmt, block_size=None):

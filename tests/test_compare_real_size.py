@@ -18,7 +18,7 @@ def test_compare_passes_at_gpt2_size(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:]
     assert done.stderr == ""  # progress only on a terminal
     data = json.loads(report.read_text())
-    assert data["passed"] and len(data["checks"]) == 14
+    assert data["passed"] and len(data["checks"]) == 14 + 6 * 4  # float32 checks, then 6 lines per other format
     table_bytes = 4 * VOCAB * WIDTH  # float32: one table, or the rows doubling the vocabulary adds
     sizes = {c["detail"].split(":")[0]: c["values"] for c in data["checks"] if c["name"] == "sizes"}
     for claim in ("untied - tied", "tied, vocab x2"):

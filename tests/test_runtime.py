@@ -67,8 +67,23 @@ def test_compare_defaults_pass_with_every_check(capsys):
     assert all(line.startswith("PASS") for line in checks)
     names = {line.split("|")[1].strip() for line in checks}
     assert names == {"table", "lookup", "onehot_lookup", "head", "sizes", "neighbors", "stretch", "scaled",
-                     "self_score"}
-    assert lines[-1] == f"{len(checks)} passed, 0 failed, 0 not applicable"
+                     "self_score", "bytes"}
+    figures = [line for line in lines if line.startswith("INFO")]
+    graphs_checked = {line.split("|")[2].strip() for line in checks}
+    for fmt in ("float16", "bfloat16", "int8-b32", "int4-b32"):  # every format, each with its checks and figures
+        assert {f"tables@{fmt}", f"gather+onehot@{fmt}", f"tied_logits@{fmt}", f"neighbors@{fmt}"} <= graphs_checked
+        assert sum(f"@{fmt}" in line or f"| {fmt} " in line for line in figures) == 2, fmt
+    assert lines[-1] == f"{len(checks)} passed, 0 failed, 0 not applicable ({len(figures)} figures)"
+
+
+def test_compare_format_list_and_bad_format(capsys):
+    code, out, _ = run_compare(capsys, *SMALL, "--format", "int4", "--block-size", "16")
+    assert code == 0, out
+    assert "tables@int4-b16" in out and "@float16" not in out and "@int8" not in out
+    code, _, err = run_compare(capsys, *SMALL, "--format", "int3")
+    assert code == 2 and err.count("\n") == 1 and "int3" in err
+    code, _, err = run_compare(capsys, *SMALL, "--format", "int4", "--block-size", "24")
+    assert code == 2 and "power of two" in err
 
 
 def test_compare_json_to_stdout_alone(capsys):

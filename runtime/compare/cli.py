@@ -11,6 +11,7 @@ import onnxruntime as ort
 
 import embed
 import graphs
+from runtime.compare.formats import check_formats
 from runtime.compare.heads import check_self_score, check_tied, check_untied
 from runtime.compare.lab import U, Lab, Progress
 from runtime.compare.lookups import check_gather, check_onehot, check_scaled, check_table
@@ -18,7 +19,7 @@ from runtime.compare.neighbours import check_neighbors
 from runtime.compare.sizes import check_sizes
 
 CHECKS = [check_table, check_gather, check_onehot, check_tied, check_untied, check_neighbors, check_scaled,
-          check_self_score, check_sizes]  # sizes last: it runs in the second process meanwhile
+          check_self_score, check_formats, check_sizes]  # sizes last: it runs in the second process meanwhile
 MAX_VALUES = 2**26  # the reference is pure Python: 67M values is minutes of it
 
 
@@ -43,6 +44,10 @@ def parse(argv, description=""):
     add("--stretch", type=int, help="token whose row is stretched (default: the query's best dot neighbour "
                                     "that does not already lead)")
     add("--factor", type=float, help="stretch factor (default: the smallest power of two that makes it lead)")
+    add("--format", default="all", metavar="FMT[,FMT...]",
+        help=f"formats to check besides float32: 'all' (default) or a comma list of {', '.join(embed.FORMATS)}")
+    add("--block-size", type=int, default=32,
+        help="int8 / int4: columns per scale (default 32; int4 lookups need a power of two >= 16)")
     add("--json", metavar="PATH|-", help="write the results as JSON ('-': standard output, the report to stderr)")
     add("--export", metavar="DIR", help="also write the seven graphs there (never overwrites)")
     args = parser.parse_args(argv)
@@ -61,6 +66,10 @@ def parse(argv, description=""):
             embed.check_factor(args.factor)
         if args.stretch == args.query:
             raise ValueError(f"--stretch {args.stretch} is the query itself; pick another token")
+        args.formats = embed.FORMATS if args.format == "all" else tuple(dict.fromkeys(args.format.split(",")))
+        for fmt in args.formats:
+            graphs.precision.check_graph_format(fmt, args.block_size if fmt in ("int8", "int4") else None,
+                                                args.width)
         if args.export and os.path.exists(args.export) and not os.path.isdir(args.export):
             raise ValueError(f"--export {args.export} exists and is not a folder")
         if args.export:
@@ -114,11 +123,13 @@ def main(argv=None, description=""):
             lab.close()
             progress.done()
     failed = sum(c.passed is False for c in checks)
-    skipped = sum(c.passed is None for c in checks)
-    print(f"{len(checks) - failed - skipped} passed, {failed} failed, {skipped} not applicable", file=report)
+    figures = sum(c.figure for c in checks)
+    skipped = sum(c.passed is None for c in checks) - figures
+    print(f"{len(checks) - failed - skipped - figures} passed, {failed} failed, {skipped} not applicable "
+          f"({figures} figures)", file=report)
     if args.json:
         config = {"vocab_size": lab.vocab, "width": lab.width, "seed": lab.seed, "ids": lab.ids, "query": lab.query,
-                  "k": lab.k, "stretch": lab.stretch, "factor": lab.factor, "onnxruntime": ort.__version__,
+                  "k": lab.k, "formats": list(lab.formats), "block_size": lab.block_size, "stretch": lab.stretch, "factor": lab.factor, "onnxruntime": ort.__version__,
                   "onnx": onnx.__version__, "u": U}
         _write_json(args.json, {"passed": failed == 0, "config": config, "checks": [asdict(c) for c in checks]})
     return 1 if failed else 0

@@ -33,8 +33,13 @@ class Check:
     tolerance: float | None = None
     values: dict = field(default_factory=dict)
 
+    @property
+    def figure(self):
+        """A measured figure reported beside the checks, not a verdict."""
+        return bool(self.values.get("figure"))
+
     def line(self):
-        status = {True: "PASS", False: "FAIL", None: "N/A "}[self.passed]
+        status = "INFO" if self.figure else {True: "PASS", False: "FAIL", None: "N/A "}[self.passed]
         measured = "" if self.diff is None else f" | diff {self.diff:.3g} (tolerance {self.tolerance:.3g})"
         return f"{status} | {self.name:<16} | {self.graph:<16} | {self.detail}{measured}"
 
@@ -104,6 +109,8 @@ class Lab:
     def __init__(self, args, folder, progress=lambda stage: None, background=()):
         self.vocab, self.width, self.seed = args.vocab_size, args.width, args.seed
         self.ids, self.query, self.k = args.ids, args.query, args.k
+        self.formats = getattr(args, "formats", embed.FORMATS)
+        self.block_size = getattr(args, "block_size", None)
         self.folder, self.progress, self._memo, self._labels = folder, progress, {}, {}
         self._workers = []
         self.hidden = embed.make_table(4, self.width, self.seed + 2)  # float32-exact hidden vectors
@@ -183,6 +190,19 @@ class Lab:
         if name not in self.runners:
             self.runners[name] = Runner(self.saved(name, model))
         return self.runners[name]
+
+    def model_at(self, name, fmt, block_size):
+        """Graph `name` built on this lab's table stored in `fmt`, once."""
+        return self.memo(("model", name, fmt, block_size),
+                         lambda: getattr(graphs, name)(self.table32, fmt=fmt, block_size=block_size))
+
+    def neighbors_at(self, table32, fmt, block_size):
+        """The cosine neighbours graph on `table32` stored in `fmt`."""
+        return graphs.neighbors(table32, "cosine", fmt=fmt, block_size=block_size)
+
+    def head32(self):
+        """The untied head's table, as graphs makes it (seed + 1)."""
+        return self.memo(("head32",), lambda: graphs.make_table(self.vocab, self.width, self.seed + 1))
 
     def optimized(self, name):
         return optimized_model(self.saved(name), self.folder, f"{name}.optimized.onnx")
