@@ -129,7 +129,7 @@ def _figures(lab, fmt, block_size, value_errors, logits, tag):
     queries = rng.choice(lab.vocab, size=min(QUERIES, lab.vocab), replace=False)
     k = min(lab.k, lab.vocab - 1)
     feeds = {"ids": queries, "k": [k]}
-    base = lab.runner("neighbors_cosine@float32", lab.neighbors_at(lab.table32, "float32", None)).run(feeds)["indices"]
+    base = lab.runner("neighbors_cosine").run(feeds)["indices"]  # the float32 graph the float32 checks ran
     here = lab.runner(f"neighbors_cosine@{tag}", lab.neighbors_at(lab.table32, fmt, block_size)).run(feeds)["indices"]
     overlap = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(base.tolist(), here.tolist())])) if k else 1.0
     full = lab.runner("tied_logits").run({"ids": [lab.ids[:1]], "hidden": [lab.hidden]})["logits"][0]
