@@ -56,6 +56,7 @@ def _one_format(lab, fmt, block_size):
     reference64 = np.asarray(reference, np.float64)
     sampled = "" if len(picked) == vocab else f" ({len(picked)} sampled rows)"
     graph = lambda name: f"{name}@{tag}"
+    lab.progress(f"{fmt}: building the lookups and heads")
     models = {name: lab.model_at(name, fmt, block_size) for name in ("gather_lookup", "onehot_lookup", "tied_logits")}
     untied = graphs.untied_logits(lab.table32, lab.head32(), fmt=fmt, block_size=block_size)
     checks = []
@@ -70,6 +71,7 @@ def _one_format(lab, fmt, block_size):
                         float(abs(held_untied - want_untied) + sum(abs(v - want) for v in stored.values())), 0.0,
                         {"table_bytes": want, "untied_bytes": want_untied}))
 
+    lab.progress(f"{fmt}: running the lookups")
     rows = [reference[at[i]] for i in lab.ids]
     bad = {name: differing(lab.runner(graph(name), models[name]).run({"ids": [lab.ids]})["embeddings"][0], rows)
            for name in ("gather_lookup", "onehot_lookup")}
@@ -78,11 +80,13 @@ def _one_format(lab, fmt, block_size):
                         f"and {bad['onehot_lookup']} of {len(rows) * width} differ)", float(any(bad.values())), 0.0,
                         {"differing": bad}))
 
+    lab.progress(f"{fmt}: the tied head and its reference")
     tied = lab.runner(graph("tied_logits"), models["tied_logits"])
     logits = tied.run({"ids": [lab.ids[:1]], "hidden": [lab.hidden]})["logits"][0]
     exact = [embed.logits(reference, h) for h in lab.hidden]
     bound = dot_bounds(reference64, lab.hidden)
     ok, diff, worst = within(logits[:, picked], exact, bound)
+    lab.progress(f"{fmt}: onnxruntime's optimized tied head")
     copies = _copies(lab, graph("tied_logits"), vocab, width)
     checks.append(Check("head", graph("tied_logits"), ok,
                         f"tied logits vs embed.logits(dequantized table, hidden){sampled} for {len(lab.hidden)} "
@@ -95,6 +99,7 @@ def _one_format(lab, fmt, block_size):
                            "codes directly)" if wider else " (the codes once)"),
                         values={"copies": copies, "figure": True}))
 
+    lab.progress(f"{fmt}: the stretch and the neighbour lists")
     checks.append(_stretch(lab, fmt, block_size, codes[at[lab.stretch]], scales and scales[at[lab.stretch]], tag))
     checks += _figures(lab, fmt, block_size, reference64 - lab.table64[picked], logits, tag)
     return checks

@@ -11,7 +11,7 @@ import numpy as np
 import embed
 import graphs
 from graphs.export import build_all
-from runtime.compare.parallel import Worker, quiet, table_passes
+from runtime.compare.parallel import Worker, quiet, stretched_table, table_passes
 from runtime.runner import Runner, optimized_model
 
 U = 2.0**-24  # float32 unit roundoff
@@ -66,14 +66,15 @@ def within(got, exact, bound):
     return ok, float(np.max(diff)), float(np.max(ratio))  # NaN shows as nan in both
 
 
-def dot_bounds(rows, vectors):
-    """gamma_w * sum|a_i b_i| for every row against every vector: (len(vectors), len(rows)).
+def dot_bounds(rows, vectors, absolute=False):
+    """gamma_w * sum|a_i b_i| for every row against every vector: (len(vectors), len(rows)); absolute=True says
+    `rows` already holds |rows| in float64 (a caller asking many times keeps it).
 
     A tolerance, not a reference value, so float64 BLAS computes it: each |a_i b_i| of float32 values is exact in
     float64 and a sum of w non-negative terms is off by at most gamma_w in float64, so inflating by
     (1 + 2 (w + 2) u64) keeps it an upper bound on the exact gamma_w * sum|a_i b_i|.
     """
-    rows, vectors = np.abs(as64(rows)), np.abs(as64(vectors))
+    rows, vectors = (rows if absolute else np.abs(as64(rows))), np.abs(as64(vectors))
     width = rows.shape[1]
     return gamma(width) * (vectors @ rows.T) * (1 + 2 * (width + 2) * U64)
 
@@ -221,7 +222,7 @@ class Lab:
 
     def stretched(self, factor):
         """embed.stretch_row(table, stretch, factor), once per factor."""
-        table = self.memo(("stretched", factor), lambda: embed.stretch_row(self.table, self.stretch, factor))
+        table = self.memo(("stretched", factor), lambda: stretched_table(self.table, self.stretch, factor))
         self._labels[id(table)] = ("stretched", factor)
         return table
 
@@ -252,7 +253,8 @@ class Lab:
 
     def dot_bound(self, table, vector):
         """gamma_w * sum|a_i b_i| of each row of `table` (this lab's table or a stretch of it) against `vector`."""
-        return self._patched(table, dot_bounds(self.table64, [vector])[0],
+        absolute = self.memo(("abs64",), lambda: np.abs(self.table64))
+        return self._patched(table, dot_bounds(absolute, [vector], absolute=True)[0],
                              lambda row: dot_bounds([row], [vector])[0, 0])
 
     def cosine_bound(self, table, vector, cosines):

@@ -20,6 +20,14 @@ def run_tasks(conn, tasks):
     conn.close()
 
 
+def stretched_table(table, token, factor):
+    """embed.stretch_row(table, token, factor), made by embed.stretch_row on the one row it changes: the other rows
+    are already floats, so they are shared rather than copied (38 million values copied take seconds)."""
+    rows = list(table)
+    rows[token] = embed.stretch_row([table[token]], 0, factor)[0]
+    return rows
+
+
 def table_passes(shared, shape, query, stretch, work):
     """In the second process: the reference table, from shared memory as Python floats (the very values
     embed.make_table made, float64 round-trips them exactly), then each (key, what, table factor, argument) of
@@ -30,7 +38,7 @@ def table_passes(shared, shape, query, stretch, work):
     stretched = {None: table}
     for key, what, factor, argument in work:
         if factor not in stretched:
-            stretched[factor] = embed.stretch_row(table, stretch, factor)
+            stretched[factor] = stretched_table(table, stretch, factor)
         rows = stretched[factor]
         if what == "onehot":
             yield key, embed.onehot_lookup(rows, argument)
