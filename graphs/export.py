@@ -2,7 +2,7 @@
 import os
 import sys
 
-from embed import OneLineParser  # argparse with one-line errors, exit 2
+from embed import FORMATS, OneLineParser  # argparse with one-line errors, exit 2
 from graphs.builders import gather_lookup, neighbors, onehot_lookup, scaled_lookup, tied_logits, untied_logits
 from graphs.storage import data_path, save
 from graphs.table import make_table
@@ -11,12 +11,15 @@ FILES = ["gather_lookup.onnx", "onehot_lookup.onnx", "tied_logits.onnx", "untied
          "scaled_lookup.onnx", "neighbors_cosine.onnx", "neighbors_dot.onnx"]
 
 
-def build_all(vocab_size, width, seed):
-    """{file name: model} for every graph; the table is embed.make_table(V, D, S), the untied head seed S+1."""
+def build_all(vocab_size, width, seed, fmt="float32", block_size=None):
+    """{file name: model} for every graph; the table is embed.make_table(V, D, S), the untied head seed S+1, each
+    stored in `fmt` (graphs.precision)."""
     table = make_table(vocab_size, width, seed)
     head = make_table(vocab_size, width, seed + 1)
-    models = [gather_lookup(table), onehot_lookup(table), tied_logits(table), untied_logits(table, head),
-              scaled_lookup(table), neighbors(table, "cosine"), neighbors(table, "dot")]
+    at = {"fmt": fmt, "block_size": block_size}
+    models = [gather_lookup(table, **at), onehot_lookup(table, **at), tied_logits(table, **at),
+              untied_logits(table, head, **at), scaled_lookup(table, **at), neighbors(table, "cosine", **at),
+              neighbors(table, "dot", **at)]
     return dict(zip(FILES, models))
 
 
@@ -26,6 +29,9 @@ def main(argv=None):
     parser.add_argument("--vocab-size", type=int, default=256, help="rows in the table (default 256)")
     parser.add_argument("--width", type=int, default=32, help="values per row (default 32)")
     parser.add_argument("--seed", type=int, default=0, help="table seed; the untied head uses seed+1 (default 0)")
+    parser.add_argument("--format", default="float32", choices=FORMATS, help="how the tables are stored "
+                        "(default float32)")
+    parser.add_argument("--block-size", type=int, help="int8 / int4: columns per scale (default: one scale a row)")
     parser.add_argument("--force", action="store_true", help="replace files that already exist")
     args = parser.parse_args(argv)
     if os.path.exists(args.dir) and not os.path.isdir(args.dir):
@@ -37,8 +43,12 @@ def main(argv=None):
     if taken and not args.force:
         parser.error(f"{taken[0]} exists (and {len(taken) - 1} more); use --force to replace")
     try:
+        models = build_all(args.vocab_size, args.width, args.seed, args.format, args.block_size)
+    except (TypeError, ValueError) as e:  # a block size the format cannot take
+        parser.error(str(e))
+    try:
         os.makedirs(args.dir, exist_ok=True)
-        for path, model in zip(paths, build_all(args.vocab_size, args.width, args.seed).values()):
+        for path, model in zip(paths, models.values()):
             for written in save(model, path, overwrite=args.force):
                 print(f"{written}  {os.path.getsize(written)} bytes")
     except OSError as e:

@@ -24,3 +24,12 @@ def test_netron_renders_the_exported_graphs(tmp_path):
     for shot in shots:  # a PNG with something drawn in it
         data = shot.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
+
+
+def test_netron_renders_a_quantized_tied_head(tmp_path):
+    assert export([str(tmp_path), "--vocab-size", "64", "--width", "32", "--format", "int4", "--block-size", "16"]) == 0
+    labels = ("GatherBlockQuantized", "DequantizeLinear", "Gemm", "Identity")
+    (tied,) = netron_view.render([tmp_path / "tied_logits.onnx"], [tmp_path / "tied.png"], labels)
+    # the one int4 table feeds the row lookup (GatherBlockQuantized) and the head's decode (DequantizeLinear)
+    assert tied == {"GatherBlockQuantized": 1, "DequantizeLinear": 1, "Gemm": 1, "Identity": 0}
+    assert (tmp_path / "tied.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
