@@ -1,0 +1,5 @@
+import sys
+
+from runtime.bench.cli import main
+
+sys.exit(main())

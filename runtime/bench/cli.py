@@ -1,0 +1,51 @@
+"""The command: parse, run each section, print the report, write JSON and the plot."""
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+import onnxruntime as ort
+
+from embed import OneLineParser  # argparse with one-line errors, exit 2
+from runtime.bench.head import bench_floor, bench_head
+from runtime.bench.lookups import bench_format_lookups, bench_lookups
+from runtime.bench.memory import bench_format_memory, bench_memory
+from runtime.bench.report import plot, report
+
+
+def main(argv=None):
+    parser = OneLineParser(prog="python -m runtime.bench", description="Memory and speed at real vocabulary sizes.")
+    parser.add_argument("--quick", action="store_true", help="smaller sweep (GPT-2's size only), a few minutes")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="plot the ratios (needs matplotlib)")
+    args = parser.parse_args(argv)
+    for target in (args.json, args.plot):
+        if target and not os.path.isdir(os.path.dirname(os.path.abspath(target))):
+            parser.error(f"{target}: no such folder")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401  (fail before minutes of measuring, not after)
+        except ImportError:
+            parser.error("--plot needs matplotlib, which is optional: ./lab_env/python -m pip install matplotlib")
+    budget = 0.1 if args.quick else 0.5
+    vocabs = [8192, 131072] if args.quick else [1024, 8192, 32768, 131072]
+    sizes = [(50257, 768)] if args.quick else [(50257, 768), (128256, 1024)]
+    heads = [(50257, 768)] if args.quick else [(50257, 768), (128256, 4096)]
+    results = {"quick": args.quick, "onnxruntime": ort.__version__, "numpy": np.__version__, "cores": os.cpu_count()}
+    results["lookups"] = bench_lookups(vocabs, 256, budget)
+    results["format_lookups"] = bench_format_lookups([1024, 131072], 256, budget)
+    with tempfile.TemporaryDirectory(prefix="onnx-lab-bench-") as folder:
+        results["head"] = bench_head(heads, [1, 64, 512], budget, folder)
+        results["memory"] = bench_memory(sizes, folder)
+        results["format_memory"] = bench_format_memory(heads, folder)
+    results["floor"] = bench_floor(budget)
+    print(report(results))
+    if args.json:
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(os.path.abspath(args.json)), delete=False,
+                                         suffix=".json") as f:
+            json.dump(results, f, indent=2)
+        os.replace(f.name, args.json)
+    if args.plot:
+        plot(results, args.plot)
+    return 0

@@ -1,0 +1,127 @@
+"""c: the tied head through Runner.run, the path every tool here uses, against numpy at its strongest.
+
+numpy runs in a child process with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (a machine may pin a slower
+kernel through them), twice, before and after onnxruntime is timed, and its best is kept; the kernel OpenBLAS
+picked is read from the library numpy loaded. Memory is measured in a fresh process after N = max runs of the
+default path, with the logits it returned still held.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from onnx import TensorProto, helper
+
+import onnxruntime as ort
+
+import graphs
+from runtime.bench.timing import bound_run, progress, race, session
+from runtime.runner import Runner, session_options
+
+UNSET = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # only for numpy's child: tests and CI keep the machine's
+
+_NUMPY = """
+import ctypes, glob, json, os, sys
+import numpy as np
+from graphs.table import make_table
+from runtime.bench.timing import race
+vocab, width, counts, budget, rounds = json.loads(sys.argv[1])
+table = make_table(vocab, width)
+best = {}
+for n in counts:
+    h = np.random.default_rng(n).standard_normal((n, width)).astype(np.float32)
+    out = np.empty((n, vocab), np.float32)
+    times = race({"matmul": lambda: h @ table.T, "matmul_out": lambda: np.matmul(h, table.T, out=out)}, budget, rounds)
+    best[n] = min(times.values())
+kernel = "unknown"
+for lib in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")):
+    blas = ctypes.CDLL(lib)
+    for name in ("scipy_openblas_get_corename64_", "openblas_get_corename"):
+        if hasattr(blas, name):
+            getattr(blas, name).restype = ctypes.c_char_p
+            kernel = getattr(blas, name)().decode()
+print(json.dumps({"seconds": best, "kernel": kernel}))
+"""
+
+_MEMORY = """
+import json, sys
+import numpy as np
+from runtime.bench.timing import rss
+from runtime.runner import Runner
+path, vocab, width, n = json.loads(sys.argv[1])
+feeds = {"ids": np.zeros((1, 1), np.int64), "hidden": np.ones((1, n, width), np.float32)}
+before = rss()
+runner = Runner(path)
+kept = [runner.run(feeds) for _ in range(3)][-1]  # the logits a caller holds after its runs
+print(json.dumps({"grown": rss() - before, "logits_bytes": kept["logits"].nbytes}))
+"""
+
+
+def _child(script, args):
+    env = {k: v for k, v in os.environ.items() if k not in UNSET}
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(args)], capture_output=True, text=True, env=env,
+                          check=True)
+    return json.loads(done.stdout)
+
+
+def bench_head(sizes, counts, budget, folder):
+    """Per size and N: numpy's best 2-D matmul, Runner.run(feeds) and Runner.run(feeds, out=...), and resident
+    memory after runs against the table plus the logits returned."""
+    rows = []
+    for vocab, width in sizes:
+        rounds = 3 if vocab * width > 10**8 else 5
+        path = os.path.join(folder, f"tied_{vocab}x{width}.onnx")
+        graphs.save(graphs.tied_logits(graphs.make_table(vocab, width)), path, external=True, check=False)
+        table_bytes = 4 * vocab * width
+        progress(f"tied head {vocab} x {width}: numpy in a child process (OPENBLAS_CORETYPE, L2_SIZE unset)")
+        first = _child(_NUMPY, [vocab, width, counts, budget, rounds])
+        runner = Runner(path)
+        # where the time goes: the same model with one of the Runner's settings flipped (both cost memory)
+        flipped = {name: ort.InferenceSession(path, session_options(**{name: True}), providers=["CPUExecutionProvider"])
+                   for name in ("prepacking", "arena")}
+        rng = np.random.default_rng(7)
+        measured = {}
+        for n in counts:
+            feeds = {"ids": np.zeros((1, 1), np.int64), "hidden": rng.standard_normal((1, n, width)).astype(np.float32)}
+            out = {"logits": np.empty((1, n, vocab), np.float32), "embeddings": np.empty((1, 1, width), np.float32)}
+            contenders = {"run": lambda: runner.run(feeds), "run_out": lambda: runner.run(feeds, out=out)}
+            contenders.update({name: bound_run(sess, feeds, out) for name, sess in flipped.items()})
+            measured[n] = race(contenders, budget, rounds)
+        del runner, flipped
+        second = _child(_NUMPY, [vocab, width, counts, budget, rounds])
+        memory = _child(_MEMORY, [path, vocab, width, max(counts)])
+        for n in counts:
+            numpy_s = min(first["seconds"][str(n)], second["seconds"][str(n)])
+            run, run_out = measured[n]["run"], measured[n]["run_out"]
+            rows.append({"vocab": vocab, "width": width, "tokens": n, "numpy_s": numpy_s, "kernel": first["kernel"],
+                         "run_s": run, "run_out_s": run_out, "run_vs_numpy": run / numpy_s,
+                         "run_out_vs_numpy": run_out / numpy_s, "flop_per_s": 2 * n * vocab * width / run,
+                         "prepacking_on_s": measured[n]["prepacking"], "arena_on_s": measured[n]["arena"]})
+            progress(f"tied head {vocab} x {width} N={n}: Runner.run {run * 1e3:.2f} ms, run(out=) "
+                     f"{run_out * 1e3:.2f} ms (prepacking on {measured[n]['prepacking'] * 1e3:.2f}, arena on "
+                     f"{measured[n]['arena'] * 1e3:.2f}), numpy ({first['kernel']}) {numpy_s * 1e3:.2f} ms")
+        held = table_bytes + memory["logits_bytes"]
+        rows[-1]["memory"] = {"grown": memory["grown"], "table_bytes": table_bytes,
+                              "logits_bytes": memory["logits_bytes"], "ratio": memory["grown"] / held}
+        progress(f"tied head {vocab} x {width}: resident after N={max(counts)} runs {memory['grown'] / held:.2f}x "
+                 "(table + the logits returned)")
+        os.remove(path)
+        os.remove(graphs.storage.data_path(path))
+    return rows
+
+
+def bench_floor(budget):
+    """e: what one run costs with nothing to compute (Identity on one float), plain and through io_binding."""
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "floor",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    sess = session(model)
+    x = np.ones(1, np.float32)
+    times = race({"run": lambda: sess.run(None, {"x": x}),
+                  "bound": bound_run(sess, {"x": x}, {"y": np.empty(1, np.float32)})}, budget)
+    plain, bound = times["run"], times["bound"]
+    progress(f"overhead floor: run {plain * 1e6:.1f} us, run_with_iobinding {bound * 1e6:.1f} us")
+    return {"run_s": plain, "iobinding_s": bound}

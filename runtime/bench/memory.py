@@ -1,0 +1,73 @@
+"""d: resident memory a session adds, per table byte, each model in a fresh process with the Runner's settings;
+and the tied head at every format against embed.table_bytes."""
+import os
+import subprocess
+import sys
+
+import embed
+import graphs
+from runtime.bench.timing import progress
+
+_PROBE = """
+import sys, numpy as np
+from runtime.bench.timing import rss
+from runtime.runner import Runner
+before = rss()
+runner = Runner(sys.argv[1], arena=sys.argv[3] == 'arena')
+start = rss()
+runner.run({'ids': np.zeros((1, 3), np.int64), 'hidden': np.ones((1, 64, int(sys.argv[2])), np.float32)})
+print(start - before, rss() - before)
+"""
+
+
+def _probe(path, width, arena=False):
+    """(bytes at start, bytes after a 64-token run) a fresh process's session adds."""
+    done = subprocess.run([sys.executable, "-c", _PROBE, path, str(width), "arena" if arena else "-"],
+                          capture_output=True, text=True, check=True)
+    return tuple(map(int, done.stdout.split()))
+
+
+def bench_memory(sizes, folder):
+    """Tied and untied heads, inline and external, at each size (and the tied head once more with the arena)."""
+    rows = []
+    for vocab, width in sizes:
+        table, head = graphs.make_table(vocab, width), graphs.make_table(vocab, width, seed=1)
+        # the Runner's settings for every layout, then the tied head once more with the arena on, to show its price
+        cases = [(tied, external, False) for tied in (True, False) for external in (False, True)] + [(True, True, True)]
+        for tied, external, arena in cases:
+            model = graphs.tied_logits(table) if tied else graphs.untied_logits(table, head)
+            path = os.path.join(folder, f"m_{vocab}_{tied}_{external}.onnx")
+            written = graphs.save(model, path, external=external, overwrite=True)
+            start, after = _probe(path, width, arena)
+            rows.append({"vocab": vocab, "width": width, "tied": tied, "external": external, "arena": arena,
+                         "table_bytes": table.nbytes, "at_start": start / table.nbytes,
+                         "after_first_run": after / table.nbytes, "target": 1.10 if tied else 2.10})
+            progress(f"memory V={vocab} D={width} {'tied' if tied else 'untied'} "
+                     f"{'external' if external else 'inline'}{', arena on' if arena else ''}: "
+                     f"{start / table.nbytes:.2f}x at start, {after / table.nbytes:.2f}x after the first run")
+            for p in written:
+                os.remove(p)
+        del table, head
+    return rows
+
+
+def bench_format_memory(sizes, folder, block_size=32):
+    """The tied head at every format, saved with external data: resident bytes after a 64-token run against
+    embed.table_bytes (codes plus scales)."""
+    rows = []
+    for vocab, width in sizes:
+        table = graphs.make_table(vocab, width)
+        for fmt in embed.FORMATS:
+            block = block_size if fmt in ("int8", "int4") else None
+            path = os.path.join(folder, f"tied_{fmt}_{vocab}.onnx")
+            written = graphs.save(graphs.tied_logits(table, fmt=fmt, block_size=block), path, external=True,
+                                  overwrite=True, check=False)
+            stored = embed.table_bytes(vocab, width, fmt, block)
+            start, after = _probe(path, width)
+            rows.append({"vocab": vocab, "width": width, "format": fmt, "block_size": block, "table_bytes": stored,
+                         "at_start": start / stored, "after_first_run": after / stored})
+            progress(f"tied head {fmt} V={vocab} D={width}: {after / stored:.2f}x table_bytes after a run")
+            for p in written:
+                os.remove(p)
+        del table
+    return rows

@@ -1,0 +1,61 @@
+"""How the bench times things: interleaved rounds, minimum over repeats, sessions with the Runner's settings."""
+import math
+import sys
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+from runtime.runner import session_options
+
+
+def progress(message):
+    """One line on stderr: the bench's progress (the report goes to stdout)."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def race(fns, budget, rounds=5):
+    """Seconds per call of each function: the minimum over `rounds` rounds, the contenders interleaved in every
+    round, so a slow spell on this shared machine hits all of them rather than one (noise only adds time)."""
+    loops = {}
+    for name, fn in fns.items():
+        fn()  # warm: first-run allocations and page faults are not the steady state
+        start = time.perf_counter()
+        fn()
+        loops[name] = max(1, int(budget / rounds / len(fns) / max(time.perf_counter() - start, 1e-7)))
+    best = dict.fromkeys(fns, math.inf)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(loops[name]):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / loops[name])
+    return best
+
+
+def best_time(fn, budget):
+    """race() for one function."""
+    return race({"fn": fn}, budget)["fn"]
+
+
+def session(model, prepacking=False, arena=False):
+    """An onnxruntime session on a ModelProto with the Runner's settings (one of them flipped if asked)."""
+    options = session_options(prepacking=prepacking, arena=arena)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def bound_run(sess, feeds, outputs):
+    """A zero-copy run: inputs and preallocated outputs bound once, as a serving loop would."""
+    binding = sess.io_binding()
+    for name, value in feeds.items():
+        binding.bind_cpu_input(name, value)
+    for name, value in outputs.items():
+        binding.bind_output(name, "cpu", 0, value.dtype, value.shape, value.ctypes.data)
+    keep = (feeds, outputs)  # onnxruntime holds raw pointers into these arrays: they must outlive the binding
+    return lambda: sess.run_with_iobinding(binding) or keep
+
+
+def rss():
+    """This process's resident bytes."""
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS")).split()[1]) * 1024
