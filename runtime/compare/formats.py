@@ -29,11 +29,11 @@ def _stored_bytes(model, prefixes=("embedding",)):
 def _copies(lab, name, vocab, width):
     """The vocab x width tensors of onnxruntime's optimized model, as (type name, bytes)."""
     optimized = lab.optimized(name)
-    return [(embed_type(t.data_type), graphs.storage.raw_bytes(t.data_type, t.dims)) for t in optimized.graph.initializer
+    return [(_type_name(t.data_type), graphs.storage.raw_bytes(t.data_type, t.dims)) for t in optimized.graph.initializer
             if sorted(t.dims) == sorted([vocab, width])]
 
 
-def embed_type(data_type):
+def _type_name(data_type):
     return {v: k for k, v in precision.ONNX_TYPE.items()}.get(data_type, str(data_type))
 
 
