@@ -9,22 +9,30 @@ import graphs
 from runtime.bench.timing import progress
 
 _PROBE = """
-import sys, numpy as np
+import sys, time, numpy as np
 from runtime.bench.timing import rss
 from runtime.runner import Runner
 before = rss()
 runner = Runner(sys.argv[1], arena=sys.argv[3] == 'arena')
 start = rss()
-runner.run({'ids': np.zeros((1, 3), np.int64), 'hidden': np.ones((1, 64, int(sys.argv[2])), np.float32)})
-print(start - before, rss() - before)
+feeds = {'ids': np.zeros((1, 3), np.int64), 'hidden': np.ones((1, 64, int(sys.argv[2])), np.float32)}
+runner.run(feeds)
+after = rss() - before
+times = []
+for _ in range(3):  # after the memory figure: these runs' own allocations do not count in it
+    t = time.perf_counter()
+    runner.run(feeds)
+    times.append(time.perf_counter() - t)
+print(start - before, after, min(times))
 """
 
 
 def _probe(path, width, arena=False):
-    """(bytes at start, bytes after a 64-token run) a fresh process's session adds."""
+    """(bytes at start, bytes after a 64-token run, seconds of a later run) of a fresh process's session."""
     done = subprocess.run([sys.executable, "-c", _PROBE, path, str(width), "arena" if arena else "-"],
                           capture_output=True, text=True, check=True)
-    return tuple(map(int, done.stdout.split()))
+    start, after, seconds = done.stdout.split()
+    return int(start), int(after), float(seconds)
 
 
 def bench_memory(sizes, folder):
@@ -38,7 +46,7 @@ def bench_memory(sizes, folder):
             model = graphs.tied_logits(table) if tied else graphs.untied_logits(table, head)
             path = os.path.join(folder, f"m_{vocab}_{tied}_{external}.onnx")
             written = graphs.save(model, path, external=external, overwrite=True)
-            start, after = _probe(path, width, arena)
+            start, after, _ = _probe(path, width, arena)
             rows.append({"vocab": vocab, "width": width, "tied": tied, "external": external, "arena": arena,
                          "table_bytes": table.nbytes, "at_start": start / table.nbytes,
                          "after_first_run": after / table.nbytes, "target": 1.10 if tied else 2.10})
@@ -53,7 +61,7 @@ def bench_memory(sizes, folder):
 
 def bench_format_memory(sizes, folder, block_size=32):
     """The tied head at every format, saved with external data: resident bytes after a 64-token run against
-    embed.table_bytes (codes plus scales)."""
+    embed.table_bytes (codes plus scales), and the time of a later run (the best of three)."""
     rows = []
     for vocab, width in sizes:
         table = graphs.make_table(vocab, width)
@@ -63,10 +71,11 @@ def bench_format_memory(sizes, folder, block_size=32):
             written = graphs.save(graphs.tied_logits(table, fmt=fmt, block_size=block), path, external=True,
                                   overwrite=True, check=False)
             stored = embed.table_bytes(vocab, width, fmt, block)
-            start, after = _probe(path, width)
+            start, after, seconds = _probe(path, width)
             rows.append({"vocab": vocab, "width": width, "format": fmt, "block_size": block, "table_bytes": stored,
-                         "at_start": start / stored, "after_first_run": after / stored})
-            progress(f"tied head {fmt} V={vocab} D={width}: {after / stored:.2f}x table_bytes after a run")
+                         "at_start": start / stored, "after_first_run": after / stored, "run_s": seconds})
+            progress(f"tied head {fmt} V={vocab} D={width}: {after / stored:.2f}x table_bytes after a run, "
+                     f"{seconds * 1e3:.1f} ms a 64-token run")
             for p in written:
                 os.remove(p)
         del table

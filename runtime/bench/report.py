@@ -48,11 +48,11 @@ def report(results):
                      f"{r['at_start']:>8.2f}x {r['after_first_run']:>9.2f}x {'<= %.2fx' % r['target']:>9} {verdict}")
     if results.get("format_memory"):
         lines += ["", "d'. the tied head at every format: resident bytes after a 64-token run per embed.table_bytes "
-                  "(codes + scales; fresh process each, external data)",
-                  f"{'V x D':>14} {'format':>10} {'table_bytes':>12} {'at start':>9} {'after run':>10}"]
+                  "(codes + scales; fresh process each, external data), and a later 64-token run's time",
+                  f"{'V x D':>14} {'format':>10} {'table_bytes':>12} {'at start':>9} {'after run':>10} {'run ms':>8}"]
         for r in results["format_memory"]:
             lines.append(f"{r['vocab']:>7} x {r['width']:<4} {r['format']:>10} {r['table_bytes']:>12} "
-                         f"{r['at_start']:>8.2f}x {r['after_first_run']:>9.2f}x")
+                         f"{r['at_start']:>8.2f}x {r['after_first_run']:>9.2f}x {r['run_s'] * 1e3:>8.1f}")
     lines += ["", "e. per-run floor (Identity on one float): run %.1f us, run_with_iobinding %.1f us"
               % (floor["run_s"] * 1e6, floor["iobinding_s"] * 1e6), "", "targets:"]
     lines += [f"  {'met    ' if ok else 'NOT met'}  {what}" for what, ok in targets(results)]
