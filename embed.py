@@ -11,6 +11,7 @@ Runs on a bare `python3 -I -S`. `python3 embed.py --help` shows the walkthrough.
 import argparse
 import math
 import operator
+import os
 import struct
 import sys
 from array import array
@@ -405,6 +406,18 @@ def parse_ids(text):
         raise argparse.ArgumentTypeError(f"ids must be comma-separated integers, got {text!r}") from None
 
 
+def run_cli(main, argv=None):
+    """sys.exit(main(argv)) for a command of the lab, ending quietly (status 1, no traceback) when whoever reads
+    its output stops reading, as `| head` does."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
+        code = 1
+    sys.exit(code)
+
+
 def main(argv=None):
     parser = OneLineParser(prog="embed.py", description="Walk through the embedding lab's claims on one table.")
     parser.add_argument("--vocab-size", type=int, default=16, help="rows in the table (default 16)")
@@ -426,4 +439,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

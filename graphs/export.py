@@ -2,7 +2,7 @@
 import os
 import sys
 
-from embed import FORMATS, OneLineParser  # argparse with one-line errors, exit 2
+from embed import FORMATS, OneLineParser, run_cli  # argparse with one-line errors, exit 2
 from graphs.builders import gather_lookup, neighbors, onehot_lookup, scaled_lookup, tied_logits, untied_logits
 from graphs.storage import data_path, save
 from graphs.table import make_table
@@ -51,6 +51,8 @@ def main(argv=None):
         for path, model in zip(paths, models.values()):
             for written in save(model, path, overwrite=args.force):
                 print(f"{written}  {os.path.getsize(written)} bytes")
+    except BrokenPipeError:
+        raise  # whoever read our output stopped: run_cli ends quietly
     except OSError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
@@ -58,4 +60,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

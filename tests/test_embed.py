@@ -287,3 +287,17 @@ def test_embed_cli_bad_arguments_one_line_exit_2(args):
     done = run_bare("embed.py", *args)
     assert done.returncode == 2
     assert done.stdout == "" and done.stderr.count("\n") == 1 and done.stderr.startswith("embed.py: error:")
+
+
+def test_commands_end_quietly_when_the_reader_stops():
+    """`| head`: the reader closes the pipe after one line; no traceback. compare flushes line by line, so its
+    next line meets the closed pipe for sure: status 1, as Python's docs advise. The others may have written all
+    they had into the pipe's buffer by then: 0 or 1."""
+    for command, codes in (([sys.executable, "embed.py", "--vocab-size", "64"], (0, 1)),
+                           ([sys.executable, "-m", "runtime.compare", "--vocab-size", "300", "--width", "24"], (1,)),
+                           ([sys.executable, "-m", "runtime.inspect", "tests/fixtures/genai_fp32/model.onnx"], (0, 1))):
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        process.stdout.readline()
+        process.stdout.close()  # what head does after its lines
+        err = process.stderr.read().decode()
+        assert process.wait(timeout=300) in codes and "Traceback" not in err and "Broken pipe" not in err, (command, err)

@@ -1,5 +1,4 @@
-import sys
-
+from embed import run_cli
 from runtime.compare import main
 
-sys.exit(main())
+run_cli(main)
