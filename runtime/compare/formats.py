@@ -95,8 +95,8 @@ def _one_format(lab, fmt, block_size):
     wider = [c for c in copies if c[0] != fmt]
     checks.append(Check("memory", graph("tied_logits"), None, f"onnxruntime's optimized model holds "
                         + ", ".join(f"{t} {b} bytes" for t, b in copies)
-                        + (" (a Cast or DequantizeLinear of the table, constant-folded: no kernel here reads the "
-                           "codes directly)" if wider else " (the codes once)"),
+                        + (" (a float32 copy besides the codes: the head's Cast is folded into a table; the "
+                           "CPU provider has no half-precision Gemm on x86)" if wider else " (the codes once)"),
                         values={"copies": copies, "figure": True}))
 
     lab.progress(f"{fmt}: the stretch and the neighbour lists")
@@ -106,9 +106,8 @@ def _one_format(lab, fmt, block_size):
 
 
 def _stretch(lab, fmt, block_size, codes, scales, tag):
-    """`codes` and `scales`: the stretched token's row as quantized."""
     """A power-of-two stretch of one row: the stored row scales exactly (int8 / int4: the scales absorb it, the codes
-    stay), so the cosine neighbour list the graph gives is unchanged."""
+    stay), so the cosine neighbour list the graph gives is unchanged. `codes`, `scales`: that row as quantized."""
     token, factor = lab.stretch, 2.0 ** max(1, int(np.log2(lab.factor)))
     row = [v * factor for v in lab.table[token]]
     new_codes, new_scales = embed.quantize([row], fmt, block_size)
