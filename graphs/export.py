@@ -16,7 +16,7 @@ def build_all(vocab_size, width, seed, fmt="float32", block_size=None):
     stored in `fmt` (graphs.precision)."""
     table = make_table(vocab_size, width, seed)
     head = make_table(vocab_size, width, seed + 1)
-    at = {"fmt": fmt, "block_size": block_size}
+    at = {} if (fmt, block_size) == ("float32", None) else {"fmt": fmt, "block_size": block_size}
     models = [gather_lookup(table, **at), onehot_lookup(table, **at), tied_logits(table, **at),
               untied_logits(table, head, **at), scaled_lookup(table, **at), neighbors(table, "cosine", **at),
               neighbors(table, "dot", **at)]
