@@ -102,12 +102,18 @@ FORMATS = ("float32", "float16", "bfloat16", "int8", "int4")
 _VALUE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
 _QMAX = {"int8": 127, "int4": 7}
 _F32 = struct.Struct("<f")
-_U32 = struct.Struct("<I")
 
 
 def _float32(x):
     """`x` rounded to the nearest float32 (ties to even), as a Python float."""
     return _F32.unpack(_F32.pack(x))[0]
+
+
+def _rounded(values, code="f"):
+    """`values` rounded to the nearest float32 ('f') or float16 ('e'), ties to even, as Python floats: one struct
+    call for the whole row (OverflowError for a finite value past the format's range)."""
+    layout = f"<{len(values)}{code}"
+    return list(struct.unpack(layout, struct.pack(layout, *values)))
 
 
 def _check_format(fmt, block_size):
@@ -123,19 +129,20 @@ def _blocks(width, block_size):
     return [(start, min(start + size, width)) for start in range(0, width, size)]
 
 
-def _to_float16(x):
+def _to_float16(row):
     try:
-        return struct.unpack("<e", struct.pack("<e", x))[0]  # IEEE binary16, nearest, ties to even
+        return _rounded(row, "e")  # IEEE binary16, nearest, ties to even
     except OverflowError:
-        raise ValueError(f"{x!r} is beyond float16's finite range (65504)") from None
+        raise ValueError("a value is beyond float16's finite range (65504)") from None
 
 
-def _to_bfloat16(x):
-    bits = _U32.unpack(_F32.pack(x))[0]
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16  # the top 16 bits, nearest, ties to even
-    if bits & 0x7F800000 == 0x7F800000:
-        raise ValueError(f"{x!r} is beyond bfloat16's finite range")
-    return _F32.unpack(_U32.pack(bits))[0]
+def _to_bfloat16(row):
+    layout = f"<{len(row)}I"
+    bits = [(b + 0x7FFF + ((b >> 16) & 1)) >> 16 << 16  # the top 16 bits of the float32, nearest, ties to even
+            for b in struct.unpack(layout, struct.pack(f"<{len(row)}f", *row))]
+    if any(b & 0x7F800000 == 0x7F800000 for b in bits):
+        raise ValueError("a value is beyond bfloat16's finite range")
+    return list(struct.unpack(f"<{len(row)}f", struct.pack(layout, *bits)))
 
 
 def quantize(table, fmt, block_size=None):
@@ -148,18 +155,23 @@ def quantize(table, fmt, block_size=None):
     """
     _check_format(fmt, block_size)
     shape(table)
-    rows = [[_float32(x) for x in row] for row in table]
-    if not all(math.isfinite(x) for row in rows for x in row):
-        raise ValueError("the table holds NaN or inf (or a value beyond float32's range)")
+    try:
+        rows = [_rounded(row) for row in table]
+    except OverflowError:
+        raise ValueError("the table holds a value beyond float32's range") from None
+    if not all(all(map(math.isfinite, row)) for row in rows):
+        raise ValueError("the table holds NaN or inf")
     if fmt in ("float32", "float16", "bfloat16"):
-        to = {"float32": float, "float16": _to_float16, "bfloat16": _to_bfloat16}[fmt]
-        return [[to(x) for x in row] for row in rows], None
+        to = {"float32": list, "float16": _to_float16, "bfloat16": _to_bfloat16}[fmt]
+        return [to(row) for row in rows], None
     qmax, blocks = _QMAX[fmt], _blocks(len(rows[0]), block_size)
     codes, scales = [], []
     for row in rows:
         row_scales = [_float32(max(map(abs, row[a:b])) / qmax) or 1.0 for a, b in blocks]
-        codes.append([max(-qmax, min(qmax, round(x / scale))) for (a, b), scale in zip(blocks, row_scales)
-                      for x in row[a:b]])
+        row_codes = [round(x / scale) for (a, b), scale in zip(blocks, row_scales) for x in row[a:b]]
+        if max(map(abs, row_codes)) > qmax:  # a scale rounded down can put x / scale a hair past qmax
+            row_codes = [max(-qmax, min(qmax, code)) for code in row_codes]
+        codes.append(row_codes)
         scales.append(row_scales)
     return codes, scales
 
@@ -174,7 +186,7 @@ def dequantize(codes, scales, fmt, block_size=None):
     blocks = _blocks(len(codes[0]), block_size)
     if scales is None or len(scales) != len(codes) or any(len(row) != len(blocks) for row in scales):
         raise ValueError(f"want {len(codes)} rows of {len(blocks)} scales for {fmt} blocks of {block_size}")
-    return [[_float32(code * scale) for (a, b), scale in zip(blocks, row_scales) for code in row[a:b]]
+    return [_rounded([code * scale for (a, b), scale in zip(blocks, row_scales) for code in row[a:b]])
             for row, row_scales in zip(codes, scales)]
 
 
