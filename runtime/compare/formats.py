@@ -115,10 +115,7 @@ def _stretch(lab, fmt, block_size, codes, scales, tag):
         moved = new_codes[0] != [c * factor for c in codes]
     else:
         moved = new_codes[0] != codes or new_scales[0] != [s * factor for s in scales]
-    stretched = lab.table32.copy()
-    stretched[token] *= np.float32(factor)
-    before = lab.runner(f"neighbors_cosine@{tag}", lab.neighbors_at(lab.table32, fmt, block_size))
-    after = lab.runner(f"neighbors_cosine@{tag}x{factor:g}", lab.neighbors_at(stretched, fmt, block_size))
+    before, after = lab.neighbors_at(fmt, block_size), lab.neighbors_at(fmt, block_size, factor)
     feeds = {"ids": [lab.query], "k": [lab.k]}
     a, b = before.run(feeds)["indices"][0].tolist(), after.run(feeds)["indices"][0].tolist()
     what = "codes unchanged, scales x" if scales is not None else "codes x"
@@ -134,7 +131,7 @@ def _figures(lab, fmt, block_size, value_errors, logits, tag):
     k = min(lab.k, lab.vocab - 1)
     feeds = {"ids": queries, "k": [k]}
     base = lab.runner("neighbors_cosine").run(feeds)["indices"]  # the float32 graph the float32 checks ran
-    here = lab.runner(f"neighbors_cosine@{tag}", lab.neighbors_at(lab.table32, fmt, block_size)).run(feeds)["indices"]
+    here = lab.neighbors_at(fmt, block_size).run(feeds)["indices"]
     overlap = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(base.tolist(), here.tolist())])) if k else 1.0
     full = lab.runner("tied_logits").run({"ids": [lab.ids[:1]], "hidden": [lab.hidden]})["logits"][0]
     error = float(np.max(np.abs(logits.astype(np.float64) - full)))

@@ -197,9 +197,17 @@ class Lab:
         return self.memo(("model", name, fmt, block_size),
                          lambda: getattr(graphs, name)(self.table32, fmt=fmt, block_size=block_size))
 
-    def neighbors_at(self, table32, fmt, block_size):
-        """The cosine neighbours graph on `table32` stored in `fmt`."""
-        return graphs.neighbors(table32, "cosine", fmt=fmt, block_size=block_size)
+    def neighbors_at(self, fmt, block_size, factor=None):
+        """The session of the cosine neighbours graph on this lab's table stored in `fmt` (with the stretched row
+        times `factor`, if given), built once."""
+        name = f"neighbors_cosine@{fmt}-{block_size}" + (f"x{factor:g}" if factor else "")
+        if name not in self.runners:
+            table = self.table32
+            if factor:
+                table = table.copy()
+                table[self.stretch] *= np.float32(factor)
+            return self.runner(name, graphs.neighbors(table, "cosine", fmt=fmt, block_size=block_size))
+        return self.runners[name]
 
     def head32(self):
         """The untied head's table, as graphs makes it (seed + 1)."""
