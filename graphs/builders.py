@@ -9,7 +9,7 @@ import embed
 from graphs import precision
 from graphs.storage import check
 
-OPSET = 21  # every operator here is in the default domain; opset 21 is what onnxruntime 1.32 runs natively
+OPSET = 21  # opset 21 is what onnxruntime 1.32 runs natively; com.microsoft ops (the heads, int4 rows) are its own
 IR_VERSION = 10
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -79,7 +79,7 @@ def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, 
 def _embedding(table, tied=False, fmt="float32", block_size=None, name="embedding"):
     """The table's initializers in `fmt`: [embedding] or [embedding, embedding_scale]."""
     if fmt == "float32" and name == "embedding":
-        shared = "; tied: also the output head's weight (through node 'tie' to Gemm 'lm_head_tied')" if tied else ""
+        shared = "; tied: also the output head's weight (through node 'tie' to FusedMatMul 'lm_head_tied')" if tied else ""
         return [_weight(table, "embedding", "the embedding table [vocab, width]: row t is token t's vector" + shared)]
     entries = precision.initializers(table, fmt, block_size, name)
     what = "the embedding table" + ("; tied: also the output head's weight" if tied else "")
@@ -149,41 +149,34 @@ def onehot_lookup(table, fmt="float32", block_size=None):
 
 
 def _logits(table, head, tied, fmt="float32", block_size=None):
-    """The lookup plus a head that scores `hidden` against every row of `head` (Gemm with transB=1)."""
+    """The lookup plus a head that scores `hidden` against every row of `head` (FusedMatMul with transB=1)."""
     vocab, width = table.shape
     plain = fmt == "float32"
     head_name = ("tied_embedding" if plain else "embedding") if tied else "lm_head"
     decode, head_name, decoded_info = _decoded(fmt, block_size, vocab, width, head_name)
     lookup, lookup_info = _rows(fmt, block_size, width, table="tied_embedding" if tied and plain else "embedding")
-    head_doc = ("logits = hidden @ embedding^T: the same table the lookup reads (weight tying); "
-                "Gemm's transB reads it in place, so no transposed copy is made" if tied else
+    head_doc = ("logits = hidden @ embedding^T: the same table the lookup reads (weight tying). transB reads it in "
+                "place, so no transposed copy is made, and the [batch, seq, vocab] logits are written straight "
+                "into the output" if tied else
                 "logits = hidden @ lm_head^T: a second vocab x width table, untied from the embedding")
+    # FusedMatMul (onnxruntime's MatMul with transpose flags) rather than ONNX's Gemm: Gemm takes 2-D operands, so
+    # [batch, seq] needs a Reshape either side, and the one after it copies every logit when the caller gives the
+    # output buffer. MatMul(hidden, Transpose(embedding)) would be folded into a [width, vocab] copy at load.
     nodes = lookup + decode + [
-        _node("Reshape", ["hidden", "rows_shape"], ["hidden_rows"], "flatten",
-              "[batch, seq, width] -> [batch*seq, width]: Gemm takes 2-D operands"),
-        _node("Gemm", ["hidden_rows", head_name], ["logits_rows"], "lm_head_tied" if tied else "lm_head", head_doc,
-              transB=1),
-        _node("Shape", ["hidden"], ["batch_seq"], "batch_seq", "[batch, seq] of the hidden input", start=0, end=2),
-        _node("Concat", ["batch_seq", "vocab_dim"], ["logits_shape"], "logits_shape", "[batch, seq, vocab]",
-              axis=0),
-        _node("Reshape", ["logits_rows", "logits_shape"], ["logits"], "unflatten",
-              "[batch*seq, vocab] -> [batch, seq, vocab]"),
+        _node("FusedMatMul", ["hidden", head_name], ["logits"], "lm_head_tied" if tied else "lm_head", head_doc,
+              domain="com.microsoft", transB=1),
     ]
-    value_info = lookup_info + decoded_info + [
-        _value("hidden_rows", FLOAT, ["batch*seq", width]), _value("logits_rows", FLOAT, ["batch*seq", vocab]),
-        _value("batch_seq", INT64, [2]), _value("logits_shape", INT64, [3])]
+    value_info = lookup_info + decoded_info
     if tied and plain:  # the tie as an edge Netron draws: one table forking to both readers (onnxruntime drops the node)
         nodes.insert(0, _node("Identity", ["embedding"], ["tied_embedding"], "tie",
                               "weight tying: the one embedding table feeds both the lookup (Gather) and the "
-                              "output head (Gemm); no copy is made"))
+                              "output head (FusedMatMul); no copy is made"))
         value_info.insert(0, _value("tied_embedding", FLOAT, [vocab, width]))
     initializers = _embedding(table, tied, fmt, block_size)
     if not tied and plain:
         initializers.append(_weight(head, "lm_head", "the output head [vocab, width]: a table of its own"))
     elif not tied:
         initializers += _embedding(head, False, fmt, block_size, name="lm_head")
-    initializers += [_const([-1, width], "rows_shape", np.int64, "[-1, width]"),
-                     _const([vocab], "vocab_dim", np.int64, "[vocab]")]
     name = "tied_logits" if tied else "untied_logits"
     doc = ("Lookup and output head sharing one table (weight tying): one vocab x width tensor, used twice."
            if tied else "Lookup and output head with separate tables: two vocab x width tensors.")

@@ -94,13 +94,22 @@ class Runner:
         self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self._input_types = {i.name: i.type for i in self.session.get_inputs()}
+        self._input_shapes = {i.name: i.shape for i in self.session.get_inputs()}
+        self._output_types = {o.name: o.type for o in self.session.get_outputs()}
+        self._output_shapes_declared = {o.name: o.shape for o in self.session.get_outputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def run(self, feeds, outputs=None, out=None):
-        """{output name: array} for `outputs` (default: all). `out` {name: array} gives preallocated arrays for
-        some of them, written in place and returned as they are (for callers that loop: no new logits buffer,
-        no page faults on it, each run); each must be C-contiguous, writable, of the output's dtype and of the
-        shape this run produces."""
+        """{output name: array} for `outputs` (default: all).
+
+        When the inputs settle every output's shape (the declared dims, symbolic ones named by an input), the
+        outputs are numpy arrays onnxruntime writes into through an IOBinding: numpy backs a large array with
+        transparent huge pages, so 100 MiB of logits take about 560 page faults rather than malloc's 25 600
+        (BENCHMARKS.md, section c). Otherwise onnxruntime allocates them.
+
+        `out` {name: array} gives preallocated arrays for some outputs, written in place and returned as they are
+        (for callers that loop: no new buffer and no page faults on it each run); each must be C-contiguous,
+        writable, of the output's dtype and of the shape this run produces."""
         unknown = sorted(set(feeds) - set(self.input_names))
         if unknown:
             raise ValueError(f"unknown input {unknown[0]!r}; the model takes {self.input_names}")
@@ -112,37 +121,72 @@ class Runner:
             if (feeds["k"] < 0).any():
                 raise ValueError(f"k must be >= 0, got {feeds['k'].tolist()}")
         names = list(outputs or self.output_names)
-        if not out:
+        if out:
+            return self._run_into(feeds, names, out)
+        shapes = self._output_shapes(feeds, names)
+        if shapes is None:  # a shape the inputs do not settle (a KV cache's total length): onnxruntime allocates
             return dict(zip(names, self.session.run(names, feeds)))
-        return self._run_into(feeds, names, out)
+        arrays = {name: np.empty(shape, _NUMPY[self._output_types[name]]) for name, shape in shapes.items()}
+        try:
+            return self._bound(feeds, names, arrays)
+        except ValueError:  # the model's declared shapes were wrong for this run; onnxruntime says how
+            return dict(zip(names, self.session.run(names, feeds)))
+
+    def _output_shapes(self, feeds, names):
+        """{name: shape} for outputs `names` from their declared dims, with each symbolic dim taken from the inputs
+        that declare it; None if any dim is unknown, or two inputs disagree on one, or an input's dtype is not the
+        model's (left to onnxruntime's own error)."""
+        sizes = {}
+        for name, value in feeds.items():
+            if not isinstance(value, np.ndarray) or value.dtype != _NUMPY.get(self._input_types[name]):
+                return None
+            declared = self._input_shapes[name]
+            if len(declared) != value.ndim:
+                return None
+            for dim, size in zip(declared, value.shape):
+                if isinstance(dim, str) and sizes.setdefault(dim, size) != size:
+                    return None
+        shapes = {}
+        for name in names:
+            shape = [dim if isinstance(dim, int) else sizes.get(dim) for dim in self._output_shapes_declared[name]]
+            if self._output_types[name] not in _NUMPY or None in shape:
+                return None
+            shapes[name] = shape
+        return shapes
 
     def _run_into(self, feeds, names, out):
-        """The same run through an IOBinding whose outputs in `out` are the caller's arrays."""
+        """The run through an IOBinding whose outputs in `out` are the caller's arrays."""
         strange = sorted(set(out) - set(names))
         if strange:
             raise ValueError(f"out names {strange[0]!r}, which is not an output asked for ({names})")
-        types = {o.name: o.type for o in self.session.get_outputs()}
-        binding = self.session.io_binding()
-        inputs = {name: np.ascontiguousarray(value, dtype=_NUMPY[self._input_types[name]])
-                  for name, value in feeds.items()}  # held until the run ends: the binding points into them
-        for name, value in inputs.items():
-            binding.bind_cpu_input(name, value)
-        for name in names:
-            if name not in out:
-                binding.bind_output(name, "cpu")
-                continue
-            array = out[name]
-            want = _NUMPY[types[name]]
+        for name, array in out.items():
+            want = _NUMPY[self._output_types[name]]
             if not isinstance(array, np.ndarray) or array.dtype != want or not array.flags.c_contiguous \
                     or not array.flags.writeable:
                 raise ValueError(f"out[{name!r}] must be a writable C-contiguous {np.dtype(want).name} array")
-            binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        inputs = {name: np.ascontiguousarray(value, dtype=_NUMPY[self._input_types[name]])
+                  for name, value in feeds.items()}
+        return self._bound(inputs, names, out)
+
+    def _bound(self, feeds, names, arrays):
+        """Run with `feeds` bound in place and outputs written into `arrays` {name: array} (the others allocated
+        by onnxruntime); a run that fails (typically a shape unlike this run's output) is a one-line ValueError."""
+        binding = self.session.io_binding()
+        inputs = {name: np.ascontiguousarray(value) for name, value in feeds.items()}  # held: the binding points in
+        for name, value in inputs.items():
+            binding.bind_cpu_input(name, value)
+        for name in names:
+            if name in arrays:
+                array = arrays[name]
+                binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+            else:
+                binding.bind_output(name, "cpu")
         try:
             self.session.run_with_iobinding(binding)
-        except Exception as e:  # a shape that does not match this run's output, typically
+        except Exception as e:
             raise ValueError(f"run into out= failed: {str(e).splitlines()[0]}") from None
         produced = binding.get_outputs()
-        return {name: out[name] if name in out else produced[i].numpy() for i, name in enumerate(names)}
+        return {name: arrays[name] if name in arrays else produced[i].numpy() for i, name in enumerate(names)}
 
 
 def run(model, feeds):

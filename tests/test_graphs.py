@@ -124,7 +124,7 @@ def test_tied_logits_holds_one_table_untied_two():
     assert [t.name for t in vocab_width_tensors(untied)] == ["embedding", "lm_head"]
     node = {n.op_type: n for n in tied.graph.node}
     assert list(node["Identity"].input) == ["embedding"]  # the tie, drawn as one edge forking to two readers
-    assert node["Gemm"].input[1] == node["Gather"].input[0] == node["Identity"].output[0]
+    assert node["FusedMatMul"].input[1] == node["Gather"].input[0] == node["Identity"].output[0]
     assert [n.name for n in tied.graph.node if "embedding" in n.input] == ["tie"]
     elements = lambda m: sum(math.prod(t.dims) for t in vocab_width_tensors(m))
     assert elements(tied) == embed.param_count(V, D)
@@ -141,7 +141,7 @@ def test_tied_logits_stays_one_table_after_onnxruntime_optimizes(tmp_path):
 
 
 def test_matmul_transpose_head_would_be_folded_into_a_second_table(tmp_path):
-    """Why the head is a Gemm: MatMul(hidden, Transpose(embedding)) gets a [width, vocab] copy at session start."""
+    """Why the head is not MatMul: MatMul(hidden, Transpose(embedding)) gets a [width, vocab] copy at session start."""
     nodes = [helper.make_node("Gather", ["embedding", "ids"], ["embeddings"], axis=0),
              helper.make_node("Transpose", ["embedding"], ["embedding_t"], perm=[1, 0]),
              helper.make_node("MatMul", ["hidden", "embedding_t"], ["logits"])]

@@ -50,7 +50,7 @@ import numpy as np
 from runtime.bench.timing import rss
 from runtime.runner import Runner
 path, vocab, width, n = json.loads(sys.argv[1])
-feeds = {"ids": np.zeros((1, 1), np.int64), "hidden": np.ones((1, n, width), np.float32)}
+feeds = {"ids": np.zeros((1, n), np.int64), "hidden": np.ones((1, n, width), np.float32)}
 before = rss()
 runner = Runner(path)
 kept = [runner.run(feeds) for _ in range(3)][-1]  # the logits a caller holds after its runs
@@ -83,8 +83,8 @@ def bench_head(sizes, counts, budget, folder):
         rng = np.random.default_rng(7)
         measured = {}
         for n in counts:
-            feeds = {"ids": np.zeros((1, 1), np.int64), "hidden": rng.standard_normal((1, n, width)).astype(np.float32)}
-            out = {"logits": np.empty((1, n, vocab), np.float32), "embeddings": np.empty((1, 1, width), np.float32)}
+            feeds = {"ids": np.zeros((1, n), np.int64), "hidden": rng.standard_normal((1, n, width)).astype(np.float32)}
+            out = {"logits": np.empty((1, n, vocab), np.float32), "embeddings": np.empty((1, n, width), np.float32)}
             contenders = {"run": lambda: runner.run(feeds), "run_out": lambda: runner.run(feeds, out=out)}
             contenders.update({name: bound_run(sess, feeds, out) for name, sess in flipped.items()})
             measured[n] = race(contenders, budget, rounds)

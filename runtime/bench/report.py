@@ -33,7 +33,8 @@ def report(results):
         lines.append(f"{r['vocab']:>7} x {r['width']:<4} {r['tokens']:>5} {r['numpy_s'] * 1e3:>9.2f} {r['kernel']:>9} "
                      f"{r['run_s'] * 1e3:>8.2f} {r['run_vs_numpy']:>10.2f} {r['run_out_s'] * 1e3:>8.2f} "
                      f"{r['run_out_vs_numpy']:>11.2f} {r['flop_per_s'] / 1e9:>8.1f} {r['prepacking_on_s'] * 1e3:>11.2f} "
-                     f"{r['arena_on_s'] * 1e3:>9.2f}")
+                     f"{r['arena_on_s'] * 1e3:>9.2f}"
+                     + (f"  (per-run floor {floor['iobinding_s'] * 1e3:.3f} ms)" if r["tokens"] == 1 else ""))
         if "memory" in r:
             m = r["memory"]
             lines.append(f"{'':>14} resident after N={r['tokens']} runs: {m['grown'] / 2**20:.0f} MiB = {m['ratio']:.2f}x "

@@ -14,8 +14,8 @@ from runtime.inspect.walk import find_tables_and_heads
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
 
-Tables are initializers a Gather reads rows from; heads are the weights of a MatMul or Gemm, seen through
-Identity and Transpose. Each table/head pair of matching shape is `shared` (one initializer), `duplicate`
+Tables are initializers a Gather reads rows from; heads are the weights of a MatMul, Gemm or FusedMatMul,
+seen through Identity and Transpose. Each table/head pair of matching shape is `shared` (one initializer), `duplicate`
 (same values), `transposed_duplicate` (same values, transposed) or `distinct`. Runtime copies are the
 initializers onnxruntime's optimized model adds. The model is untrusted: every tensor is checked before it
 is read, external data must lie inside the model's folder, and onnxruntime runs in a child process under
@@ -66,7 +66,7 @@ def _report(info, path, out):
     tables = [f"{t['initializer']} ({t['node'].op_type}{_views(t)})" for t in info["tables"]]
     w("tables (read by Gather/GatherBlockQuantized): " + (", ".join(tables) or "none") + "\n")
     heads = [f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in info["heads"]]
-    w("heads (MatMul/Gemm/MatMulNBits weights): " + (", ".join(heads) or "none") + "\n")
+    w("heads (MatMul/Gemm/FusedMatMul/MatMulNBits weights): " + (", ".join(heads) or "none") + "\n")
     for p in info["pairs"]:
         w(f"pair {p['table']} / {p['head']}: {p['relation']}, {p['wasted_bytes']} bytes wasted in the file\n")
     if not info["pairs"]:

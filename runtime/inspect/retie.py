@@ -112,9 +112,9 @@ def _rank(graph, name):
 
 
 def _gemm_head(graph, model, node, table, vocab, width, i):
-    """Make head `node` a Gemm(transB=1) on `table`; (output, hidden input)."""
+    """Make head `node` a Gemm(transB=1) on `table` (a FusedMatMul stays one, transB=1); (output, hidden input)."""
     hidden, output = node.input[0], node.output[0]
-    if node.op_type == "Gemm":
+    if node.op_type in ("Gemm", "FusedMatMul"):
         kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
         del node.attribute[:]
         node.attribute.extend(kept)

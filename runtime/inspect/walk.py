@@ -122,8 +122,9 @@ def _entry(model, found, node, role, scales=None, bits=None, vocab=None, width=N
 
 
 def find_tables_and_heads(model):
-    """Tables (what a Gather or GatherBlockQuantized reads rows from) and heads (the weight of a MatMul, Gemm or
-    MatMulNBits), each a dict from _entry, for a checked Model; heads also say `as_table` (stored [vocab, width])."""
+    """Tables (what a Gather or GatherBlockQuantized reads rows from) and heads (the weight of a MatMul, Gemm,
+    FusedMatMul or MatMulNBits), each a dict from _entry, for a checked Model; heads also say `as_table` (stored
+    [vocab, width])."""
     graph = model.proto.graph
     order, producer = check_order(graph)
     resolve = Resolver(producer, model.tensors)
@@ -147,9 +148,9 @@ def find_tables_and_heads(model):
             tables.append(entry)
             continue
         weight = resolve(node.input[1]) if len(node.input) >= 2 else None
-        if node.op_type in ("MatMul", "Gemm") and weight:
+        if node.op_type in ("MatMul", "Gemm", "FusedMatMul") and weight:
             entry = _entry(model, weight, node, "head")
-            trans_b = _attribute(node, "transB", 0) if node.op_type == "Gemm" else 0
+            trans_b = _attribute(node, "transB", 0) if node.op_type != "MatMul" else 0
             if entry:  # stored as [vocab, width], like a table, when the transposes and transB add up odd
                 entry["as_table"] = (weight[1] + trans_b) % 2 == 1
                 if trans_b:
