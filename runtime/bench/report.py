@@ -35,6 +35,8 @@ def report(results):
                      f"{r['run_out_vs_numpy']:>11.2f} {r['flop_per_s'] / 1e9:>8.1f} {r['prepacking_on_s'] * 1e3:>11.2f} "
                      f"{r['arena_on_s'] * 1e3:>9.2f}"
                      + (f"  (per-run floor {floor['iobinding_s'] * 1e3:.3f} ms)" if r["tokens"] == 1 else ""))
+        if r["run_vs_numpy"] > 1:
+            lines.append(f"{'':>14} over numpy by {r['run_vs_numpy']:.2f}x: " + _why(r))
         if "memory" in r:
             m = r["memory"]
             lines.append(f"{'':>14} resident after N={r['tokens']} runs: {m['grown'] / 2**20:.0f} MiB = {m['ratio']:.2f}x "
@@ -58,6 +60,17 @@ def report(results):
               % (floor["run_s"] * 1e6, floor["iobinding_s"] * 1e6), "", "targets:"]
     lines += [f"  {'met    ' if ok else 'NOT met'}  {what}" for what, ok in targets(results)]
     return "\n".join(lines)
+
+
+def _why(r):
+    """Where a head run that is slower than numpy loses, in this run's figures."""
+    table = 4 * r["vocab"] * r["width"]
+    if r["tokens"] == 1:
+        return (f"one pass over the table at {table / r['run_s'] / 1e9:.1f} GB/s in MLAS's M = 1 kernel "
+                f"(SgemmKernelM1TransposeB, AVX) against {table / r['numpy_s'] / 1e9:.1f} GB/s in OpenBLAS's "
+                f"{r['kernel']} sgemv")
+    return (f"MLAS packs the table for its SGEMM on every call; with prepacking on (a packed second table held) "
+            f"{r['prepacking_on_s'] * 1e3:.0f} ms = {r['prepacking_on_s'] / r['numpy_s']:.2f}x numpy")
 
 
 def targets(results):
