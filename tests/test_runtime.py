@@ -207,3 +207,33 @@ def test_runner_writes_into_preallocated_outputs():
         assert "\n" not in str(error.value)
     with pytest.raises(ValueError, match="not an output asked for"):
         runner.run({"ids": ids, "hidden": hidden}, outputs=["embeddings"], out={"logits": logits})
+
+
+def test_runner_binds_numpy_outputs_when_the_inputs_settle_their_shapes():
+    runner = runtime.Runner(graphs.tied_logits(TABLE))
+    ids = np.array([[4, 49, 0]])
+    hidden = np.random.default_rng(5).standard_normal((1, 3, 8)).astype(np.float32)
+    got = runner.run({"ids": ids, "hidden": hidden})
+    assert got["logits"].flags.owndata and got["embeddings"].flags.owndata  # numpy's arrays, not onnxruntime's
+    plain = dict(zip(runner.output_names, runner.session.run(None, {"ids": ids, "hidden": hidden})))
+    assert not plain["logits"].flags.owndata
+    for name in ("logits", "embeddings"):
+        assert np.array_equal(got[name].view(np.uint32), plain[name].view(np.uint32))
+    exact = hidden[0].astype(np.float64) @ TABLE.T.astype(np.float64)  # within float32's dot-product bound
+    bound = 8 * 2.0**-24 / (1 - 8 * 2.0**-24) * (np.abs(hidden[0]).astype(np.float64) @ np.abs(TABLE.T))
+    assert np.all(np.abs(got["logits"][0] - exact) <= bound)
+    # ids and hidden disagree on `seq`: the logits' shape is not settled, so onnxruntime allocates, same values
+    short = runner.run({"ids": ids[:, :1], "hidden": hidden})
+    assert not short["logits"].flags.owndata
+    assert np.array_equal(short["logits"].view(np.uint32), got["logits"].view(np.uint32))
+
+
+def test_runner_survives_a_model_whose_declared_output_shape_is_wrong():
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Concat", ["x", "x"], ["y"], axis=0)], "wrong_shape",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])  # really 2n
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    x = np.arange(3, dtype=np.float32)
+    assert runtime.Runner(model).run({"x": x})["y"].tolist() == [0, 1, 2, 0, 1, 2]

@@ -96,7 +96,7 @@ def _one_format(lab, fmt, block_size):
     checks.append(Check("memory", graph("tied_logits"), None, f"onnxruntime's optimized model holds "
                         + ", ".join(f"{t} {b} bytes" for t, b in copies)
                         + (" (a float32 copy besides the codes: the head's Cast is folded into a table; the "
-                           "CPU provider has no half-precision Gemm on x86)" if wider else " (the codes once)"),
+                           "CPU provider has no half-precision MatMul on x86)" if wider else " (the codes once)"),
                         values={"copies": copies, "figure": True}))
 
     lab.progress(f"{fmt}: the stretch and the neighbour lists")
