@@ -1,4 +1,7 @@
-"""One builder per graph: each returns a checked onnx.ModelProto that reads well in Netron."""
+"""One builder per graph: each returns a checked onnx.ModelProto that reads well in Netron.
+
+A builder takes its table as float32 rows or an array, or as a graphs.precision.Stored (a table quantized once,
+for several graphs in one format to share)."""
 import math
 
 import numpy as np
@@ -58,11 +61,14 @@ def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, 
     model.ir_version = IR_VERSION
     if any(node.domain == "com.microsoft" for node in nodes):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    lengths = {}
     for name, array, dims, elem_type, weight_doc in weights:
         tensor = model.graph.initializer.add()
         tensor.name, tensor.doc_string, tensor.data_type = name, weight_doc, elem_type
         tensor.dims.extend(dims)
-        tensor.raw_data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+        data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+        tensor.raw_data, lengths[name] = data, len(data)
+        del data  # the protobuf holds its own copy
     helper.set_model_props(model, {
         "graph": graph_name,
         "vocab_size": str(vocab),
@@ -72,7 +78,7 @@ def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, 
         "format": fmt,
         "block_size": str(block_size or 0),
     })
-    check(model)  # the full checker, with large tables stood in for by holes of their size (graphs.storage.check)
+    check(model, lengths=lengths)  # the full checker, large tables stood in for by holes (graphs.storage.check)
     return model
 
 
@@ -109,6 +115,13 @@ IDS = ["batch", "seq"]
 
 
 def _prepared(table, fmt, block_size, name="table"):
+    """The table to build from: a float32 array, or a precision.Stored already in (fmt, block_size)."""
+    if isinstance(table, precision.Stored):
+        if (table.fmt, table.block_size) != (fmt, block_size):
+            raise ValueError(f"{name} is stored as {table.fmt} (block_size {table.block_size}); pass fmt={table.fmt!r}, "
+                             f"block_size={table.block_size} to build from it")
+        precision.check_graph_format(fmt, block_size, table.shape[1])
+        return table.codes if fmt == "float32" else table
     table = as_table(table, name)
     precision.check_graph_format(fmt, block_size, table.shape[1])
     return table

@@ -8,6 +8,8 @@ the codes once, in their own ONNX type, and decode only what an op needs:
   gathering packed bytes would need a dozen bit-twiddling nodes for what this one contrib op does);
 - a head or a one-hot product needs every row, so it reads the whole table through Cast / DequantizeLinear.
 """
+from dataclasses import dataclass
+
 import numpy as np
 from onnx import TensorProto, helper
 
@@ -81,6 +83,36 @@ def dequantize(codes, scales, fmt, block_size=None):
     return (codes * np.repeat(scales, size, axis=1)[:, :width]).astype(np.float32)  # exact product, one rounding
 
 
+@dataclass(frozen=True)
+class Stored:
+    """A table quantized once, by store(): every builder takes one in place of the float32 table (with the same
+    fmt and block_size), so graphs that share a table in one format share one quantization."""
+    codes: np.ndarray
+    scales: np.ndarray | None
+    fmt: str
+    block_size: int | None
+
+    @property
+    def shape(self):
+        return self.codes.shape
+
+    def with_row(self, row, values):
+        """This table with row `row` replaced by the float32 `values`, that row quantized alone (quantizing goes
+        row by row, so the result equals storing the whole changed table)."""
+        codes, scales = quantize(np.asarray(values, np.float32)[None, :], self.fmt, self.block_size)
+        new_codes = self.codes.copy()
+        new_codes[row] = codes[0]
+        new_scales = None if self.scales is None else self.scales.copy()
+        if new_scales is not None:
+            new_scales[row] = scales[0]
+        return Stored(new_codes, new_scales, self.fmt, self.block_size)
+
+
+def store(table, fmt, block_size=None):
+    """The float32 [vocab, width] `table` quantized once into a Stored, for builders to share."""
+    return Stored(*quantize(table, fmt, block_size), fmt, block_size)
+
+
 def pack_int4(codes):
     """int4 codes as ONNX stores INT4: two a byte, the first in the low nibble, flat over the tensor."""
     flat = codes.reshape(-1).astype(np.uint8) & np.uint8(15)
@@ -90,11 +122,13 @@ def pack_int4(codes):
 
 
 def initializers(table, fmt, block_size, name="embedding"):
-    """[(name, data, dims, onnx type, doc)] of the table stored in `fmt`: codes, and float32 scales for int8/int4."""
-    codes, scales = quantize(table, fmt, block_size)
+    """[(name, data, dims, onnx type, doc)] of the table (an array, or a Stored in `fmt`) stored in `fmt`: codes,
+    and float32 scales for int8/int4."""
+    stored = table if isinstance(table, Stored) else store(table, fmt, block_size)
+    codes, scales = stored.codes, stored.scales
     data = pack_int4(codes) if fmt == "int4" else codes
     blocks = f"one per {block_size} columns" if block_size else "one per row"
-    out = [(name, data, list(table.shape), ONNX_TYPE[fmt], f"{fmt} codes [vocab, width]")]
+    out = [(name, data, list(stored.shape), ONNX_TYPE[fmt], f"{fmt} codes [vocab, width]")]
     if scales is not None:
         out.append((name + "_scale", scales, list(scales.shape), TensorProto.FLOAT,
                     f"float32 scales [vocab, blocks], {blocks}: value = code x scale"))

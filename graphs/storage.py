@@ -93,20 +93,23 @@ def _large(tensor, min_bytes):
     return tensor.HasField("raw_data") and _size(tensor) >= min_bytes
 
 
-def check(model, min_bytes=1 << 20):
+def check(model, min_bytes=1 << 20, lengths=None):
     """onnx.checker.check_model(full_check=True) on `model`, at any size, without serializing its large tensors.
 
     Each raw tensor of `min_bytes` or more is first checked here to hold exactly dims x itemsize bytes; the checker
     then sees it as external data over a file of holes of that length (it reads names, types and dims, never the
     values), so a 600 MB model is checked in the time a small one takes, and one past 2 GiB can be checked too.
+    `lengths` {initializer name: len(raw_data)}, from a caller that just wrote those bytes, saves reading each
+    back (a read copies the whole tensor out of the protobuf).
     """
+    lengths = lengths or {}
     shell = _without_large_tensors(model, min_bytes)
     large = {t.name: t for t in model.graph.initializer if _large(t, min_bytes)}
     longest = 0
     for tensor in shell.graph.initializer:
         if tensor.name not in large:
             continue
-        length = len(large[tensor.name].raw_data)
+        length = lengths[tensor.name] if tensor.name in lengths else len(large[tensor.name].raw_data)
         if length != raw_bytes(tensor.data_type, tensor.dims):
             raise onnx.checker.ValidationError(f"initializer {tensor.name!r}: {length} bytes of raw data for dims "
                                                f"{list(tensor.dims)}")

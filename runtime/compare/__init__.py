@@ -5,11 +5,12 @@ compared, the measured difference and the tolerance used. Float32 scores are hel
 error bound for a sum of `width` products, |s - exact| <= gamma_w * sum|a_i b_i| with
 gamma_w = w u / (1 - w u), u = 2**-24; lookups are held to the bit.
 
-lab: the shared reference and bounds; lookups, heads, sizes, neighbours: the checks; cli: the command.
+lab: the shared reference; bounds: float32's error bounds and the Check record; lookups, heads, sizes, neighbours: the checks; cli: the command.
 """
 from runtime.compare.cli import CHECKS, parse
 from runtime.compare.cli import main as _main
-from runtime.compare.lab import Check, Lab, gamma, within
+from runtime.compare.bounds import Check, gamma, within
+from runtime.compare.lab import Lab
 
 __all__ = ["CHECKS", "Check", "Lab", "gamma", "main", "parse", "within"]
 

@@ -5,7 +5,7 @@ import numpy as np
 import embed
 import graphs
 from graphs import precision
-from runtime.compare.lab import Check, differing, dot_bounds, within
+from runtime.compare.bounds import Check, differing, dot_bounds, within
 
 QUERIES = 64  # neighbour lists compared with float32's for this many query tokens
 ROWS = 4096  # past this vocabulary the reference quantizes a sample of rows (quantizing is row by row, so each
@@ -58,7 +58,8 @@ def _one_format(lab, fmt, block_size):
     graph = lambda name: f"{name}@{tag}"
     lab.progress(f"{fmt}: building the lookups and heads")
     models = {name: lab.model_at(name, fmt, block_size) for name in ("gather_lookup", "onehot_lookup", "tied_logits")}
-    untied = graphs.untied_logits(lab.table32, lab.head32(), fmt=fmt, block_size=block_size)
+    untied = graphs.untied_logits(lab.stored(fmt, block_size), precision.store(lab.head32(), fmt, block_size),
+                                  fmt=fmt, block_size=block_size)
     checks = []
 
     want, want_untied = (embed.table_bytes(vocab, width, fmt, block_size, tied=t) for t in (True, False))
@@ -130,10 +131,12 @@ def _figures(lab, fmt, block_size, value_errors, logits, tag):
     queries = rng.choice(lab.vocab, size=min(QUERIES, lab.vocab), replace=False)
     k = min(lab.k, lab.vocab - 1)
     feeds = {"ids": queries, "k": [k]}
-    base = lab.runner("neighbors_cosine").run(feeds)["indices"]  # the float32 graph the float32 checks ran
+    base = lab.memo(("figures", "neighbors", k),  # the float32 graph the float32 checks ran, once for every format
+                    lambda: lab.runner("neighbors_cosine").run(feeds)["indices"])
     here = lab.neighbors_at(fmt, block_size).run(feeds)["indices"]
     overlap = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(base.tolist(), here.tolist())])) if k else 1.0
-    full = lab.runner("tied_logits").run({"ids": [lab.ids[:1]], "hidden": [lab.hidden]})["logits"][0]
+    full = lab.memo(("figures", "logits"), lambda: lab.runner("tied_logits").run(
+        {"ids": [lab.ids[:1]], "hidden": [lab.hidden]})["logits"][0])
     error = float(np.max(np.abs(logits.astype(np.float64) - full)))
     scale = float(np.max(np.abs(full)))
     table_error = float(np.max(np.abs(value_errors)))

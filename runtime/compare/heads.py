@@ -4,7 +4,7 @@ import numpy as np
 
 import embed
 import graphs
-from runtime.compare.lab import Check, within
+from runtime.compare.bounds import Check, within
 
 
 def vocab_width_tensors(model, vocab, width):

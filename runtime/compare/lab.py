@@ -1,8 +1,8 @@
-"""What every check shares: the configuration, the reference tables, float32 bounds, and the Check record."""
+"""What every check shares: the configuration, the reference tables (computed once, some in a second process)."""
+import multiprocessing
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from types import SimpleNamespace
 
@@ -11,73 +11,9 @@ import numpy as np
 import embed
 import graphs
 from graphs.export import build_all
-from runtime.compare.parallel import Worker, quiet, stretched_table, table_passes
+from runtime.compare.bounds import U64, as64, dot_bounds, gamma
+from runtime.compare.parallel import Worker, claim, quiet, stretched_table, table_pass, table_passes
 from runtime.runner import Runner, optimized_model
-
-U = 2.0**-24  # float32 unit roundoff
-U64 = 2.0**-53  # float64's, for the reference's own arithmetic
-
-
-def gamma(n):
-    """Higham's gamma_n: the relative bound on n float32 roundings in a row."""
-    return n * U / (1 - n * U)
-
-
-@dataclass
-class Check:
-    name: str
-    graph: str
-    passed: bool | None  # None: the claim does not apply to the inputs chosen
-    detail: str
-    diff: float | None = None
-    tolerance: float | None = None
-    values: dict = field(default_factory=dict)
-
-    @property
-    def figure(self):
-        """A measured figure reported beside the checks, not a verdict."""
-        return bool(self.values.get("figure"))
-
-    def line(self):
-        status = "INFO" if self.figure else {True: "PASS", False: "FAIL", None: "N/A "}[self.passed]
-        measured = "" if self.diff is None else f" | diff {self.diff:.3g} (tolerance {self.tolerance:.3g})"
-        return f"{status} | {self.name:<16} | {self.graph:<16} | {self.detail}{measured}"
-
-
-def as64(values):
-    return np.asarray(values, dtype=np.float64)
-
-
-def differing(a, b):
-    """How many values differ in their bits (float32 graph output against float32-exact reference floats)."""
-    a, b = as64(a), as64(b)
-    if a.shape != b.shape:
-        return max(a.size, b.size)
-    return int(np.count_nonzero(a.view(np.uint64) != b.view(np.uint64)))
-
-
-def within(got, exact, bound):
-    """(passed, max |diff|, worst diff / bound); NaN never passes."""
-    got, exact, bound = as64(got), as64(exact), as64(bound)
-    diff = np.abs(got - exact)
-    ok = bool(np.all(diff <= bound)) and not np.isnan(got).any()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(diff == 0, 0.0, diff / bound)  # a difference against a zero bound is infinitely over
-    return ok, float(np.max(diff)), float(np.max(ratio))  # NaN shows as nan in both
-
-
-def dot_bounds(rows, vectors, absolute=False):
-    """gamma_w * sum|a_i b_i| for every row against every vector: (len(vectors), len(rows)); absolute=True says
-    `rows` already holds |rows| in float64 (a caller asking many times keeps it).
-
-    A tolerance, not a reference value, so float64 BLAS computes it: each |a_i b_i| of float32 values is exact in
-    float64 and a sum of w non-negative terms is off by at most gamma_w in float64, so inflating by
-    (1 + 2 (w + 2) u64) keeps it an upper bound on the exact gamma_w * sum|a_i b_i|.
-    """
-    rows, vectors = (rows if absolute else np.abs(as64(rows))), np.abs(as64(vectors))
-    width = rows.shape[1]
-    return gamma(width) * (vectors @ rows.T) * (1 + 2 * (width + 2) * U64)
-
 
 def _head_reference(vocab, width, seed, hidden):
     """The untied head's reference table and logits (pure Python), with their bounds."""
@@ -113,7 +49,7 @@ class Lab:
         self.formats = getattr(args, "formats", embed.FORMATS)
         self.block_size = getattr(args, "block_size", None)
         self.folder, self.progress, self._memo, self._labels = folder, progress, {}, {}
-        self._workers = []
+        self._workers, self._work, self._passer = [], [], None
         self.hidden = embed.make_table(4, self.width, self.seed + 2)  # float32-exact hidden vectors
         # While this process makes the table, a second one makes the untied head's reference and runs the
         # `background` checks, which only build and save graphs.
@@ -131,12 +67,15 @@ class Lab:
             self.stretch = ranked[1] if len(ranked) > 1 else ranked[0]
         if self.factor is None:
             self.factor = self.lead(beat_query=False) or 2.0
-        # The reference's passes over the table that later checks need run in a second process meanwhile.
+        # The reference's passes over the table that later checks need run in a second process meanwhile; this one
+        # takes the passes nobody has started when it would otherwise wait (see _table_pass).
         self._shared = shared_memory.SharedMemory(create=True, size=self.table64.nbytes)
         np.ndarray(self.table64.shape, np.float64, self._shared.buf)[:] = self.table64
-        work = list(self._table_work())
-        self._workers.append(Worker([(None, table_passes, (self._shared.name, self.table64.shape, self.query,
-                                                             self.stretch, work))], [w[0] for w in work]))
+        self._work = list(self._table_work())
+        self._claims = multiprocessing.get_context("forkserver").Array("b", len(self._work))
+        self._passer = Worker([(None, table_passes, (self._shared.name, self.table64.shape, self.query, self.stretch,
+                                                     self._work, self._claims))], [w[0] for w in self._work])
+        self._workers.append(self._passer)
         progress("building the seven graphs")
         self.models = build_all(self.vocab, self.width, self.seed)  # graphs build from graphs.make_table
         self.runners = {}
@@ -192,20 +131,23 @@ class Lab:
             self.runners[name] = Runner(self.saved(name, model))
         return self.runners[name]
 
+    def stored(self, fmt, block_size):
+        """This lab's table quantized to `fmt` once (graphs.precision.store), for every graph in that format."""
+        return self.memo(("stored", fmt, block_size), lambda: graphs.precision.store(self.table32, fmt, block_size))
+
     def model_at(self, name, fmt, block_size):
         """Graph `name` built on this lab's table stored in `fmt`, once."""
         return self.memo(("model", name, fmt, block_size),
-                         lambda: getattr(graphs, name)(self.table32, fmt=fmt, block_size=block_size))
+                         lambda: getattr(graphs, name)(self.stored(fmt, block_size), fmt=fmt, block_size=block_size))
 
     def neighbors_at(self, fmt, block_size, factor=None):
         """The session of the cosine neighbours graph on this lab's table stored in `fmt` (with the stretched row
-        times `factor`, if given), built once."""
+        times `factor`, if given, re-quantized alone), built once."""
         name = f"neighbors_cosine@{fmt}-{block_size}" + (f"x{factor:g}" if factor else "")
         if name not in self.runners:
-            table = self.table32
+            table = self.stored(fmt, block_size)
             if factor:
-                table = table.copy()
-                table[self.stretch] *= np.float32(factor)
+                table = table.with_row(self.stretch, self.table32[self.stretch] * np.float32(factor))
             return self.runner(name, graphs.neighbors(table, "cosine", fmt=fmt, block_size=block_size))
         return self.runners[name]
 
@@ -220,9 +162,31 @@ class Lab:
         """compute() once per key (or what the second process computed for that key): the reference's answers are
         reused, never recomputed."""
         if key not in self._memo:
-            worker = next((w for w in self._workers if key in w.tasks), None)
-            self._memo[key] = worker.result(key, self.progress) if worker else compute()
+            if self._passer is not None and key in self._passer.tasks:
+                self._memo[key] = self._table_pass(key)
+            else:
+                worker = next((w for w in self._workers if key in w.tasks), None)
+                self._memo[key] = worker.result(key, self.progress) if worker else compute()
         return self._memo[key]
+
+    def _table_pass(self, key):
+        """A reference pass shared with the second process: run here if that process has not taken it; else, until
+        its answer comes, run the last passes nobody has taken yet (they are needed later), then wait for it."""
+        keys = [w[0] for w in self._work]
+        if claim(self._claims, keys.index(key)):
+            return self._run_pass(keys.index(key))
+        while not self._passer.ready(key):
+            free = next((i for i in reversed(range(len(keys))) if keys[i] not in self._memo
+                         and claim(self._claims, i)), None)
+            if free is None:
+                break
+            self._memo[keys[free]] = self._run_pass(free)
+        return self._passer.result(key, self.progress)
+
+    def _run_pass(self, index):
+        key, what, factor, argument = self._work[index]
+        self.progress(f"{key[0]} here, while the second process works")
+        return table_pass(self.table if factor is None else self.stretched(factor), self.query, what, argument)
 
     def label(self, table):
         """'table', or ('stretched', factor) for a table made by stretched(): how memo keys name a table."""

@@ -5,7 +5,7 @@ import numpy as np
 from onnx import numpy_helper
 
 import embed
-from runtime.compare.lab import U, U64, Check, as64, differing, within
+from runtime.compare.bounds import U, U64, Check, as64, differing, within
 
 
 def check_table(lab):

@@ -1,7 +1,7 @@
 """Neighbours by cosine and by dot, and the stretch claim: length moves the dot list, never the cosine list."""
 import embed
 import graphs
-from runtime.compare.lab import Check, gamma, within
+from runtime.compare.bounds import Check, gamma, within
 
 
 def score_bounds(lab, table, metric, tokens):

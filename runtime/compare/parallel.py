@@ -28,24 +28,39 @@ def stretched_table(table, token, factor):
     return rows
 
 
-def table_passes(shared, shape, query, stretch, work):
+def claim(claims, index):
+    """Take reference pass `index` for this process: False if the other process took it first."""
+    with claims.get_lock():
+        if claims[index]:
+            return False
+        claims[index] = 1
+        return True
+
+
+def table_pass(table, query, what, argument):
+    """One pure-Python pass over `table`: embed.onehot_lookup of ids, embed.neighbors of `query` (every other token,
+    ranked) by a metric, or embed.logits against one of its rows."""
+    if what == "onehot":
+        return embed.onehot_lookup(table, argument)
+    if what == "neighbors":
+        return embed.neighbors(table, query, len(table), argument)
+    return embed.logits(table, table[argument])
+
+
+def table_passes(shared, shape, query, stretch, work, claims):
     """In the second process: the reference table, from shared memory as Python floats (the very values
     embed.make_table made, float64 round-trips them exactly), then each (key, what, table factor, argument) of
-    `work`: embed.onehot_lookup, embed.neighbors (every other token, ranked) or embed.logits of a row."""
+    `work` that `claims` shows nobody has taken (the main process takes some when it would otherwise wait)."""
     memory = shared_memory.SharedMemory(name=shared)
     table = np.ndarray(shape, np.float64, memory.buf).tolist()
     memory.close()
     stretched = {None: table}
-    for key, what, factor, argument in work:
+    for index, (key, what, factor, argument) in enumerate(work):
+        if not claim(claims, index):
+            continue
         if factor not in stretched:
             stretched[factor] = stretched_table(table, stretch, factor)
-        rows = stretched[factor]
-        if what == "onehot":
-            yield key, embed.onehot_lookup(rows, argument)
-        elif what == "neighbors":
-            yield key, embed.neighbors(rows, query, len(rows), argument)
-        else:
-            yield key, embed.logits(rows, rows[argument])
+        yield key, table_pass(stretched[factor], query, what, argument)
 
 
 class Worker:
@@ -62,6 +77,16 @@ class Worker:
         self.tasks = {key: (function, args) for key, function, args in tasks if key is not None}
         self.tasks.update({key: None for key in keys})  # answered by a task that yields several
         self._results = {}
+
+    def ready(self, key):
+        """Whether the task's result has come, without waiting."""
+        while key not in self._results and self._pipe.poll():
+            try:
+                got, value = self._pipe.recv()
+            except EOFError:
+                break
+            self._results[got] = value
+        return key in self._results
 
     def result(self, key, progress):
         """The task's result, waiting for it if need be."""

@@ -8,7 +8,7 @@ from onnx import TensorProto
 import embed
 import graphs
 from graphs.storage import data_path
-from runtime.compare.lab import Check
+from runtime.compare.bounds import Check
 
 
 def saved_bytes(path):

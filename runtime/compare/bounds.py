@@ -1,0 +1,68 @@
+"""What every check measures against: float32's error bounds, bit comparisons, and the Check record."""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+U = 2.0**-24  # float32 unit roundoff
+U64 = 2.0**-53  # float64's, for the reference's own arithmetic
+
+
+def gamma(n):
+    """Higham's gamma_n: the relative bound on n float32 roundings in a row."""
+    return n * U / (1 - n * U)
+
+
+@dataclass
+class Check:
+    name: str
+    graph: str
+    passed: bool | None  # None: the claim does not apply to the inputs chosen
+    detail: str
+    diff: float | None = None
+    tolerance: float | None = None
+    values: dict = field(default_factory=dict)
+
+    @property
+    def figure(self):
+        """A measured figure reported beside the checks, not a verdict."""
+        return bool(self.values.get("figure"))
+
+    def line(self):
+        status = "INFO" if self.figure else {True: "PASS", False: "FAIL", None: "N/A "}[self.passed]
+        measured = "" if self.diff is None else f" | diff {self.diff:.3g} (tolerance {self.tolerance:.3g})"
+        return f"{status} | {self.name:<16} | {self.graph:<16} | {self.detail}{measured}"
+
+
+def as64(values):
+    return np.asarray(values, dtype=np.float64)
+
+
+def differing(a, b):
+    """How many values differ in their bits (float32 graph output against float32-exact reference floats)."""
+    a, b = as64(a), as64(b)
+    if a.shape != b.shape:
+        return max(a.size, b.size)
+    return int(np.count_nonzero(a.view(np.uint64) != b.view(np.uint64)))
+
+
+def within(got, exact, bound):
+    """(passed, max |diff|, worst diff / bound); NaN never passes."""
+    got, exact, bound = as64(got), as64(exact), as64(bound)
+    diff = np.abs(got - exact)
+    ok = bool(np.all(diff <= bound)) and not np.isnan(got).any()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(diff == 0, 0.0, diff / bound)  # a difference against a zero bound is infinitely over
+    return ok, float(np.max(diff)), float(np.max(ratio))  # NaN shows as nan in both
+
+
+def dot_bounds(rows, vectors, absolute=False):
+    """gamma_w * sum|a_i b_i| for every row against every vector: (len(vectors), len(rows)); absolute=True says
+    `rows` already holds |rows| in float64 (a caller asking many times keeps it).
+
+    A tolerance, not a reference value, so float64 BLAS computes it: each |a_i b_i| of float32 values is exact in
+    float64 and a sum of w non-negative terms is off by at most gamma_w in float64, so inflating by
+    (1 + 2 (w + 2) u64) keeps it an upper bound on the exact gamma_w * sum|a_i b_i|.
+    """
+    rows, vectors = (rows if absolute else np.abs(as64(rows))), np.abs(as64(vectors))
+    width = rows.shape[1]
+    return gamma(width) * (vectors @ rows.T) * (1 + 2 * (width + 2) * U64)
