@@ -136,3 +136,21 @@ def test_int4_lookup_block_rule():
     model = graphs.gather_lookup(graphs.make_table(8, 40), fmt="int4")
     assert {o.domain for o in model.opset_import} == {"", "com.microsoft"}
     assert [t.data_type for t in model.graph.initializer][:2] == [onnx.TensorProto.INT4, onnx.TensorProto.FLOAT]
+
+
+@pytest.mark.parametrize("fmt, block_size", [("float32", None), ("float16", None), ("int8", 16), ("int4", 16)])
+def test_a_stored_table_builds_the_same_graph_and_stretches_row_by_row(fmt, block_size):
+    table = graphs.make_table(64, 32, seed=4)
+    stored = precision.store(table, fmt, block_size)
+    initializers = lambda model: {t.name: t.raw_data for t in model.graph.initializer}
+    for build in (graphs.gather_lookup, graphs.tied_logits, lambda t, **kw: graphs.neighbors(t, "cosine", **kw)):
+        assert initializers(build(stored, fmt=fmt, block_size=block_size)) == \
+            initializers(build(table, fmt=fmt, block_size=block_size))
+    changed = table.copy()
+    changed[5] *= np.float32(4.0)
+    again = precision.store(changed, fmt, block_size)
+    row = stored.with_row(5, changed[5])
+    assert np.array_equal(row.codes, again.codes) and (row.scales is None or np.array_equal(row.scales, again.scales))
+    assert np.array_equal(stored.codes, precision.quantize(table, fmt, block_size)[0])  # the original stays
+    with pytest.raises(ValueError, match="stored as"):
+        graphs.gather_lookup(stored, fmt="bfloat16")
