@@ -185,7 +185,7 @@ class Runner:
             self.session.run_with_iobinding(binding)
         except Exception as e:
             raise ValueError(f"run into out= failed: {str(e).splitlines()[0]}") from None
-        produced = binding.get_outputs()
+        produced = binding.get_outputs() if set(names) - set(arrays) else None
         return {name: arrays[name] if name in arrays else produced[i].numpy() for i, name in enumerate(names)}
 
 
