@@ -126,10 +126,10 @@ class Runner:
         shapes = self._output_shapes(feeds, names)
         if shapes is None:  # a shape the inputs do not settle (a KV cache's total length): onnxruntime allocates
             return dict(zip(names, self.session.run(names, feeds)))
-        arrays = {name: np.empty(shape, _NUMPY[self._output_types[name]]) for name, shape in shapes.items()}
         try:
+            arrays = {name: np.empty(shape, _NUMPY[self._output_types[name]]) for name, shape in shapes.items()}
             return self._bound(feeds, names, arrays)
-        except ValueError:  # the model's declared shapes were wrong for this run; onnxruntime says how
+        except (ValueError, MemoryError):  # declared shapes wrong for this run (or absurd): onnxruntime says how
             return dict(zip(names, self.session.run(names, feeds)))
 
     def _output_shapes(self, feeds, names):
@@ -148,7 +148,8 @@ class Runner:
                     return None
         shapes = {}
         for name in names:
-            shape = [dim if isinstance(dim, int) else sizes.get(dim) for dim in self._output_shapes_declared[name]]
+            shape = [dim if isinstance(dim, int) and dim >= 0 else sizes.get(dim) if isinstance(dim, str) else None
+                     for dim in self._output_shapes_declared[name]]
             if self._output_types[name] not in _NUMPY or None in shape:
                 return None
             shapes[name] = shape

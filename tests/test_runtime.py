@@ -247,3 +247,13 @@ def test_a_large_compare_reruns_itself_once_with_huge_pages():
     assert huge_pages_env(big, env) is None  # once
     assert huge_pages_env(SMALL, {}) is None  # a small run would pay more for the restart than it saves
     assert huge_pages_env(["--vocab-size", "-3"], {}) is None  # bad usage: main reports it
+
+
+def test_runner_falls_back_when_a_declared_output_is_absurd():
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "absurd",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2**62])])  # really [3]
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    assert runtime.Runner(model).run({"x": np.arange(3, dtype=np.float32)})["y"].tolist() == [0, 1, 2]
