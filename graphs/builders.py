@@ -116,15 +116,13 @@ IDS = ["batch", "seq"]
 
 def _prepared(table, fmt, block_size, name="table"):
     """The table to build from: a float32 array, or a precision.Stored already in (fmt, block_size)."""
-    if isinstance(table, precision.Stored):
-        if (table.fmt, table.block_size) != (fmt, block_size):
-            raise ValueError(f"{name} is stored as {table.fmt} (block_size {table.block_size}); pass fmt={table.fmt!r}, "
-                             f"block_size={table.block_size} to build from it")
-        precision.check_graph_format(fmt, block_size, table.shape[1])
-        return table.codes if fmt == "float32" else table
-    table = as_table(table, name)
+    stored = isinstance(table, precision.Stored)
+    if stored and (table.fmt, table.block_size) != (fmt, block_size):
+        raise ValueError(f"{name} is stored as {table.fmt} (block_size {table.block_size}); pass fmt={table.fmt!r}, "
+                         f"block_size={table.block_size} to build from it")
+    table = table if stored else as_table(table, name)
     precision.check_graph_format(fmt, block_size, table.shape[1])
-    return table
+    return table.codes if stored and fmt == "float32" else table
 
 
 def gather_lookup(table, fmt="float32", block_size=None):

@@ -100,12 +100,11 @@ class Stored:
         """This table with row `row` replaced by the float32 `values`, that row quantized alone (quantizing goes
         row by row, so the result equals storing the whole changed table)."""
         codes, scales = quantize(np.asarray(values, np.float32)[None, :], self.fmt, self.block_size)
-        new_codes = self.codes.copy()
-        new_codes[row] = codes[0]
-        new_scales = None if self.scales is None else self.scales.copy()
-        if new_scales is not None:
-            new_scales[row] = scales[0]
-        return Stored(new_codes, new_scales, self.fmt, self.block_size)
+        new = Stored(self.codes.copy(), None if scales is None else self.scales.copy(), self.fmt, self.block_size)
+        new.codes[row] = codes[0]
+        if scales is not None:
+            new.scales[row] = scales[0]
+        return new
 
 
 def store(table, fmt, block_size=None):

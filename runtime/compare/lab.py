@@ -173,8 +173,9 @@ class Lab:
         """A reference pass shared with the second process: run here if that process has not taken it; else, until
         its answer comes, run the last passes nobody has taken yet (they are needed later), then wait for it."""
         keys = [w[0] for w in self._work]
-        if claim(self._claims, keys.index(key)):
-            return self._run_pass(keys.index(key))
+        index = keys.index(key)
+        if claim(self._claims, index):
+            return self._run_pass(index)
         while not self._passer.ready(key):
             free = next((i for i in reversed(range(len(keys))) if keys[i] not in self._memo
                          and claim(self._claims, i)), None)
