@@ -11,6 +11,7 @@ from onnx import TensorProto, helper
 import embed
 from graphs import precision
 from graphs.storage import check
+from graphs.tie import unfolded_view
 
 OPSET = 21  # opset 21 is what onnxruntime 1.32 runs natively; com.microsoft ops (the heads, int4 rows) are its own
 IR_VERSION = 10
@@ -85,7 +86,7 @@ def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, 
 def _embedding(table, tied=False, fmt="float32", block_size=None, name="embedding"):
     """The table's initializers in `fmt`: [embedding] or [embedding, embedding_scale]."""
     if fmt == "float32" and name == "embedding":
-        shared = "; tied: also the output head's weight (through node 'tie' to FusedMatMul 'lm_head_tied')" if tied else ""
+        shared = "; tied: also the output head's weight (through the view 'tie_view' to FusedMatMul 'lm_head_tied')" if tied else ""
         return [_weight(table, "embedding", "the embedding table [vocab, width]: row t is token t's vector" + shared)]
     entries = precision.initializers(table, fmt, block_size, name)
     what = "the embedding table" + ("; tied: also the output head's weight" if tied else "")
@@ -163,13 +164,19 @@ def _logits(table, head, tied, fmt="float32", block_size=None):
     """The lookup plus a head that scores `hidden` against every row of `head` (FusedMatMul with transB=1)."""
     vocab, width = table.shape
     plain = fmt == "float32"
-    head_name = ("tied_embedding" if plain else "embedding") if tied else "lm_head"
+    head_name = "embedding" if tied else "lm_head"
     decode, head_name, decoded_info = _decoded(fmt, block_size, vocab, width, head_name)
-    lookup, lookup_info = _rows(fmt, block_size, width, table="tied_embedding" if tied and plain else "embedding")
+    lookup, lookup_info = _rows(fmt, block_size, width)
     head_doc = ("logits = hidden @ embedding^T: the same table the lookup reads (weight tying). transB reads it in "
                 "place, so no transposed copy is made, and the [batch, seq, vocab] logits are written straight "
                 "into the output" if tied else
                 "logits = hidden @ lm_head^T: a second vocab x width table, untied from the embedding")
+    value_info, consts = lookup_info + decoded_info, []
+    if tied and plain:  # weight tying: the head reads the lookup's own table, through a view nothing copies
+        view, view_consts, view_info = unfolded_view("embedding", "hidden", [vocab, width], "tied_embedding", "tie_")
+        decode, head_name = view, "tied_embedding"
+        value_info += view_info + [_value("tied_embedding", FLOAT, [vocab, width])]
+        consts = [_const(v, k, np.int64, "the tie's view: a shape constant") for k, v in view_consts.items()]
     # FusedMatMul (onnxruntime's MatMul with transpose flags) rather than ONNX's Gemm: Gemm takes 2-D operands, so
     # [batch, seq] needs a Reshape either side, and the one after it copies every logit when the caller gives the
     # output buffer. MatMul(hidden, Transpose(embedding)) would be folded into a [width, vocab] copy at load.
@@ -177,13 +184,7 @@ def _logits(table, head, tied, fmt="float32", block_size=None):
         _node("FusedMatMul", ["hidden", head_name], ["logits"], "lm_head_tied" if tied else "lm_head", head_doc,
               domain="com.microsoft", transB=1),
     ]
-    value_info = lookup_info + decoded_info
-    if tied and plain:  # the tie as an edge Netron draws: one table forking to both readers (onnxruntime drops the node)
-        nodes.insert(0, _node("Identity", ["embedding"], ["tied_embedding"], "tie",
-                              "weight tying: the one embedding table feeds both the lookup (Gather) and the "
-                              "output head (FusedMatMul); no copy is made"))
-        value_info.insert(0, _value("tied_embedding", FLOAT, [vocab, width]))
-    initializers = _embedding(table, tied, fmt, block_size)
+    initializers = _embedding(table, tied, fmt, block_size) + consts
     if not tied and plain:
         initializers.append(_weight(head, "lm_head", "the output head [vocab, width]: a table of its own"))
     elif not tied:
@@ -237,11 +238,16 @@ def neighbors(table, metric="cosine", fmt="float32", block_size=None):
     vocab, width = table.shape
     lookup, lookup_info = _rows(fmt, block_size, width, "queries")
     decode, decoded, decoded_info = _decoded(fmt, block_size, vocab, width)
-    nodes = lookup + decode + [
-        _node("Gemm", ["queries", decoded], ["dots"], "dots", "queries @ embedding^T: [n, vocab]", transB=1),
+    # the table has other readers (the queries' lookup, the norms): Gemm reads it through a view nothing copies
+    view, view_consts, view_info = unfolded_view(decoded, "ids", [vocab, width], "rows_to_score", "score_")
+    nodes = lookup + decode + view + [
+        _node("Gemm", ["queries", "rows_to_score"], ["dots"], "dots", "queries @ embedding^T: [n, vocab]", transB=1),
     ]
-    value_info = lookup_info + decoded_info + [_value("queries", FLOAT, ["n", width]), _value("dots", FLOAT, ["n", vocab])]
-    consts = [_const([vocab], "depth", np.int64, "OneHot depth: the vocabulary size"),
+    value_info = lookup_info + decoded_info + view_info + [
+        _value("rows_to_score", FLOAT, [vocab, width]), _value("queries", FLOAT, ["n", width]),
+        _value("dots", FLOAT, ["n", vocab])]
+    consts = [_const(v, k, np.int64, "the view's shape constant") for k, v in view_consts.items()] + [
+              _const([vocab], "depth", np.int64, "OneHot depth: the vocabulary size"),
               _const([0.0, -np.inf], "off_self", np.float32, "added to each score: -inf on the query itself"),
               _const([vocab - 1], "others", np.int64, "at most vocab - 1 other tokens")]
     scores = "dots"

@@ -10,12 +10,14 @@ _NUMPY = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)
           "tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(bool)": np.bool_}
 
 
-def session_options(optimized_model_path=None, prepacking=False, arena=False):
+def session_options(optimized_model_path=None, prepacking=True, arena=False):
     """The lab's session settings, chosen by measurement (BENCHMARKS.md, `python -m runtime.bench`).
 
-    Prepacking off: with it on, a weight that has a second reader (a tied table always has) is kept
-    twice, as the table and packed for the Gemm. The CPU arena off: it keeps freed activation buffers,
-    about 0.17x the table's bytes after a 64-token run of a 50257 x 768 tied head.
+    Prepacking on, as in onnxruntime's defaults: the lab's tied heads read their table through a run-time view
+    (graphs.tie), which nothing prepacks, so the tie holds without turning it off; every other constant weight
+    (an untied head, a real model's other MatMuls) is packed once at load and its original freed, the same bytes
+    and a faster head for more than one token. The CPU arena off: it keeps freed activation buffers, about 0.17x
+    the table's bytes after a 64-token run of a 50257 x 768 tied head.
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -27,24 +29,30 @@ def session_options(optimized_model_path=None, prepacking=False, arena=False):
     return options
 
 
-def write_optimized_model(model, path):
+def write_optimized_model(model, path, prepacked=False):
     """Write the model onnxruntime runs after its own graph optimisations to `path` (a ModelProto or a path in).
 
-    Large initializers go to `path + ".data"`, so models past 2 GiB work too.
+    Large initializers go to `path + ".data"`, so models past 2 GiB work too. `prepacked`: load it as onnxruntime's
+    default SessionOptions do (prepacking on) and record each prepacked copy beside the initializer it was made
+    from (an external-data entry `prepacked_<i>` = "<kernel>+<hash>|<offset>;<length>;..."; the copy's bytes go
+    to the data file too), so the copies no initializer shows can be counted and attributed.
     """
     path = os.fspath(path)
-    options = session_options(path)
+    options = session_options(path, prepacking=prepacked)
     options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                      os.path.basename(path) + ".data")
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    if prepacked:
+        options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
     ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
 def optimized_model(model, folder, name="optimized.onnx"):
-    """The model onnxruntime runs after its own graph optimisations, as it writes it out (tensor data not loaded)."""
+    """The model onnxruntime runs after its own graph optimisations under its default SessionOptions, as it writes
+    it out (tensor data not loaded), its prepacked copies recorded (runtime.resident.prepacked_copies reads them)."""
     path = os.path.join(folder, name)
-    write_optimized_model(model, path)
+    write_optimized_model(model, path, prepacked=True)
     return onnx.load(path, load_external_data=False)
 
 

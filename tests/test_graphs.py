@@ -123,9 +123,10 @@ def test_tied_logits_holds_one_table_untied_two():
     assert [t.name for t in vocab_width_tensors(tied)] == ["embedding"]
     assert [t.name for t in vocab_width_tensors(untied)] == ["embedding", "lm_head"]
     node = {n.op_type: n for n in tied.graph.node}
-    assert list(node["Identity"].input) == ["embedding"]  # the tie, drawn as one edge forking to two readers
-    assert node["FusedMatMul"].input[1] == node["Gather"].input[0] == node["Identity"].output[0]
-    assert [n.name for n in tied.graph.node if "embedding" in n.input] == ["tie"]
+    # the tie: the one table forks to the lookup and, through a view of its own shape, to the head
+    assert [n.name for n in tied.graph.node if "embedding" in n.input] == ["lookup", "tie_view"]
+    assert node["Gather"].input[0] == node["Reshape"].input[0] == "embedding"
+    assert node["FusedMatMul"].input[1] == node["Reshape"].output[0]
     elements = lambda m: sum(math.prod(t.dims) for t in vocab_width_tensors(m))
     assert elements(tied) == embed.param_count(V, D)
     assert elements(untied) == embed.param_count(V, D, tied=False)

@@ -37,15 +37,29 @@ def vocabulary(path):
     return json.loads(inspect(path, "--json").stdout)
 
 
+def folded(data):
+    """The runtime copies onnxruntime's optimized model holds (not the ones kernels prepack at load)."""
+    return [c for c in data["runtime_copies"] if c.get("view") != "prepacked"]
+
+
+def prepacked(data, name):
+    return [(c["kernel"], c["bytes"]) for c in data["runtime_copies"] if c.get("view") == "prepacked"
+            and c["copy_of"] == name]
+
+
 def test_inspect_genai_fp32_shared_embeddings():
     data = vocabulary(os.path.join(FIXTURES, "genai_fp32", "model.onnx"))
     (entry,) = data["vocabulary"]
     assert {k: entry[k] for k in ("table", "vocab_size", "width", "format", "bytes", "tied", "head")} == {
         "table": "lm_head.MatMul.weight", "vocab_size": VOCAB, "width": WIDTH, "format": "float32",
         "bytes": VOCAB * WIDTH * 4, "tied": True, "head": "lm_head.MatMul.weight"}
-    assert entry["tables_in_memory"] == 2  # onnxruntime folds the lookup's Transpose into a second table
-    (copy,) = [c for c in data["runtime_copies"] if c.get("copy_of") == "lm_head.MatMul.weight"]
+    # onnxruntime folds the lookup's Transpose into a second table, and prepacks the head's weight into a third,
+    # freeing the original (its only reader packed it): two copies under the defaults, two with prepacking off
+    assert entry["tables_in_memory"] == 2
+    assert [entry["in_memory"][s]["copies"] for s in ("defaults", "no_prepacking")] == [2, 2]
+    (copy,) = [c for c in folded(data) if c.get("copy_of") == "lm_head.MatMul.weight"]
     assert (copy["view"], copy["shape"], copy["bytes"]) == ("transposed", [VOCAB, WIDTH], VOCAB * WIDTH * 4)
+    assert prepacked(data, "lm_head.MatMul.weight") == [("MatMul", VOCAB * WIDTH * 4)]
 
 
 def test_inspect_genai_int4_shared_embeddings():
@@ -55,9 +69,11 @@ def test_inspect_genai_int4_shared_embeddings():
     assert {k: entry[k] for k in ("table", "vocab_size", "width", "format", "bytes", "tied", "head")} == {
         "table": "lm_head.MatMul.weight_Q4", "vocab_size": VOCAB, "width": WIDTH, "format": "int4",
         "bytes": packed + scales, "tied": True, "head": "lm_head.MatMul.weight_Q4"}
-    assert entry["tables_in_memory"] == 2  # the Reshape before GatherBlockQuantized is folded into a copy
-    (copy,) = [c for c in data["runtime_copies"] if c.get("copy_of") == "lm_head.MatMul.weight_Q4"]
+    # the Reshape before GatherBlockQuantized is folded into a copy, and MatMulNBits prepacks the codes (freeing them)
+    assert entry["tables_in_memory"] == 2
+    (copy,) = [c for c in folded(data) if c.get("copy_of") == "lm_head.MatMul.weight_Q4"]
     assert (copy["view"], copy["bytes"]) == ("reshaped", packed)
+    assert [kernel for kernel, _ in prepacked(data, "lm_head.MatMul.weight_Q4")] == ["MatMulNBits"]
 
 
 def test_inspect_genai_fp16_counts_the_float32_copy():
@@ -65,10 +81,14 @@ def test_inspect_genai_fp16_counts_the_float32_copy():
     float32 copy of the table (beside the Transpose's float16 copy), and inspect says whose it is."""
     data = vocabulary(os.path.join(FIXTURES, "genai_fp16", "model.onnx"))
     (entry,) = data["vocabulary"]
+    # the stored table is dropped once both its readers are folded; the float32 copy is prepacked and then freed:
+    # a float16 copy and a packed float32 one under the defaults, three tensors with prepacking off
     assert (entry["format"], entry["bytes"], entry["tied"], entry["tables_in_memory"]) == (
-        "float16", VOCAB * WIDTH * 2, True, 3)
-    views = sorted((c["view"], c["bytes"]) for c in data["runtime_copies"] if c.get("copy_of") == entry["table"])
+        "float16", VOCAB * WIDTH * 2, True, 2)
+    views = sorted((c["view"], c["bytes"]) for c in folded(data) if c.get("copy_of") == entry["table"])
     assert views == [("transposed", VOCAB * WIDTH * 2), ("widened", VOCAB * WIDTH * 4)]
+    (widened,) = [c["name"] for c in folded(data) if c.get("view") == "widened" and c["copy_of"] == entry["table"]]
+    assert prepacked(data, widened) == [("MatMul", VOCAB * WIDTH * 4)]
 
 
 def test_inspect_summarises_small_runtime_copies():
@@ -125,8 +145,11 @@ def test_retie_genai_int4_gathers_the_packed_codes_in_place(tmp_path):
     inspect(source, "--retie", out)
     (entry,) = vocabulary(out)["vocabulary"]
     packed, scales = VOCAB * WIDTH // 2, VOCAB * (WIDTH // BLOCK) * 4
-    # one packed table in memory; the lookup's scales are a second [vocab, blocks, 1] copy of the small scales
-    assert (entry["tables_in_memory"], entry["tied"], entry["format"]) == (1, True, "int4")
+    # the codes once, read in place by the lookup, and MatMulNBits' prepacked copy (which keeps the head fast; the
+    # export holds two as well: the folded Reshape's copy and the packed one); the lookup's scales are a second
+    # [vocab, blocks, 1] copy of the small scales
+    assert (entry["tables_in_memory"], entry["tied"], entry["format"]) == (2, True, "int4")
+    assert entry["in_memory"]["no_prepacking"]["copies"] == 1
     assert (entry["vocab_size"], entry["width"], entry["bytes"]) == (VOCAB, WIDTH, packed + scales)
     retied = onnx.load(out)
     gather = [n for n in retied.graph.node if n.op_type == "GatherBlockQuantized"][0]

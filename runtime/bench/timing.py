@@ -6,6 +6,7 @@ import time
 import numpy as np
 import onnxruntime as ort
 
+from runtime.resident import resident
 from runtime.runner import session_options
 
 
@@ -38,7 +39,7 @@ def best_time(fn, budget):
     return race({"fn": fn}, budget)["fn"]
 
 
-def session(model, prepacking=False, arena=False):
+def session(model, prepacking=True, arena=False):
     """An onnxruntime session on a ModelProto with the Runner's settings (one of them flipped if asked)."""
     options = session_options(prepacking=prepacking, arena=arena)
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -57,5 +58,4 @@ def bound_run(sess, feeds, outputs):
 
 def rss():
     """This process's resident bytes."""
-    with open("/proc/self/status") as f:
-        return int(next(line for line in f if line.startswith("VmRSS")).split()[1]) * 1024
+    return resident().rss

@@ -11,13 +11,16 @@ from graphs.storage import data_path
 from runtime.compare.bounds import Check
 
 
-def saved_bytes(path):
+def saved_bytes(path, table_dims=None):
     """(tensor data bytes, file bytes) of a saved model: tensor data read from each initializer as stored
-    (inline raw data, or the length of its external range); everything else in the files is layout (names, docs,
-    protobuf framing, alignment padding between external tensors)."""
+    (inline raw data, or the length of its external range), only of initializers of `table_dims` if given (the
+    tables, not the shape constants beside them); everything else in the files is layout (names, docs, small
+    constants, protobuf framing, alignment padding between external tensors)."""
     model = onnx.load(path, load_external_data=False)
     tensors = 0
     for tensor in model.graph.initializer:
+        if table_dims is not None and list(tensor.dims) != list(table_dims):
+            continue
         if tensor.data_location == TensorProto.EXTERNAL:
             tensors += int({e.key: e.value for e in tensor.external_data}["length"])
         else:
@@ -42,7 +45,7 @@ def check_sizes(lab):
             counted = sum(math.prod(t.dims) for t in model.graph.initializer if list(t.dims) == [vocab, lab.width])
             path = os.path.join(lab.folder, f"sizes_{vocab}_{'tied' if tied else 'untied'}.onnx")
             graphs.save(model, path, overwrite=True, check=False)  # the builders checked these models
-            sizes[vocab, tied] = (counted, *saved_bytes(path))
+            sizes[vocab, tied] = (counted, *saved_bytes(path, [vocab, lab.width]))
             del model
     checks = []
     for label, (a, b), claim in (("untied - tied", ((lab.vocab, True), (lab.vocab, False)), "a second table"),
@@ -52,14 +55,14 @@ def check_sizes(lab):
         ok = extra_values == lab.vocab * lab.width and extra_tensor == table_bytes
         checks.append(Check("sizes", "tied/untied", ok,
                             f"{label}: +{extra_values} values, tensor data +{extra_tensor} bytes = {claim} "
-                            f"({table_bytes} bytes); layout (names, docs, framing, alignment) {extra_layout:+d} bytes, "
+                            f"({table_bytes} bytes); layout (names, docs, shape constants, framing, alignment) {extra_layout:+d} bytes, "
                             f"on disk +{sizes[b][2] - sizes[a][2]} bytes",
                             float(abs(extra_tensor - table_bytes)), 0.0,
                             {"tensor_bytes": extra_tensor, "layout_bytes": extra_layout,
                              "file_bytes": sizes[b][2] - sizes[a][2]}))
     expected = {(v, t): embed.param_count(v, lab.width, tied=t) for v, t in sizes}
     ok = all(sizes[key][0] == expected[key] for key in sizes)
-    listing = ", ".join(f"V={v} {'tied' if t else 'untied'} {sizes[v, t][0]} values/{sizes[v, t][1]} B tensors/"
+    listing = ", ".join(f"V={v} {'tied' if t else 'untied'} {sizes[v, t][0]} values/{sizes[v, t][1]} B tables/"
                         f"{sizes[v, t][2]} B files" for v, t in sorted(sizes, key=lambda key: (key[0], not key[1])))
     checks.insert(0, Check("sizes", "tied/untied", ok, f"values held == embed.param_count: {listing}", None, None,
                            {f"{v}_{'tied' if t else 'untied'}": {"values": sizes[v, t][0], "tensor_bytes": sizes[v, t][1],

@@ -6,10 +6,12 @@ import sys
 import tempfile
 
 import graphs
-from runtime.inspect import isolated
+from runtime.inspect import isolated, memory
 from runtime.inspect.reading import InspectError, load
+from runtime.resident import prepacked_copies
 from runtime.inspect.relations import SMALL_COPY, relate, runtime_copies, vocabulary
 from runtime.inspect.retie import retie
+from runtime.inspect.sidecars import genai_head_size
 from runtime.inspect.walk import find_tables_and_heads
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
@@ -40,13 +42,27 @@ def inspect_model(path, folder, limits=None):
     except isolated.StepFailed as e:
         raise InspectError(f"{path}: onnxruntime cannot load it: {str(e).split(': ', 1)[-1]}") from None
     optimized = load(optimized_path, folder)
+    prepacked = prepacked_copies(optimized.proto)
     watched = list(dict.fromkeys([t["initializer"] for t in tables] + [h["initializer"] for h in heads]))
     initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
                      "bytes": t.nbytes} for t in model.tensors.values()]
     copies = runtime_copies(model, optimized, watched)
+    paired = {t["initializer"] for t in tables} | {p["head"] for p in pairs}
+    ours = paired | {c["name"] for c in copies if c.get("copy_of") in paired}  # and what is folded from them
+    copies += [{"name": f"{p['initializer']} prepacked", "bytes": p["bytes"], "shape": None,
+                "copy_of": p["initializer"], "view": "prepacked", "transposed": False, "kernel": p["kernel"],
+                "node": p["node"]} for p in prepacked if p["initializer"] in ours]
+    rows = {t["node"].input[1]: t["vocab"] for t in tables}
+    measured = memory.measure(os.path.abspath(path), rows, genai_head_size(path), folder, limits,
+                              model.file_bytes) if tables else {}
+
+    def held(names, table_bytes, other_bytes):
+        return memory.in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured)
+
     return {"model": model, "tables": tables, "heads": heads, "file_bytes": model.file_bytes,
-            "initializers": initializers, "pairs": pairs, "runtime_copies": copies,
-            "vocabulary": vocabulary(model, tables, heads, pairs, copies),
+            "initializers": initializers, "pairs": pairs, "runtime_copies": copies, "rows": rows,
+            "vocabulary": vocabulary(model, tables, heads, pairs, copies, held), "prepacked": prepacked,
+            "measure_error": measured.get("error"),
             "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values())}
 
 
@@ -56,8 +72,8 @@ def _report(info, path, out):
     for v in info["vocabulary"]:
         tie = f"tied to head {v['head']}" if v["tied"] else "not tied"
         w(f"vocabulary: table {v['table']} {v['vocab_size']} x {v['width']} {v['format']}, {v['bytes']} bytes, {tie}; "
-          f"{v['tables_in_memory']} cop{'y' if v['tables_in_memory'] == 1 else 'ies'} in onnxruntime's optimized "
-          f"model; {v['parameter_share']:.1%} of the parameters, {v['byte_share']:.1%} of the bytes\n")
+          f"{v['parameter_share']:.1%} of the parameters, {v['byte_share']:.1%} of the bytes\n")
+        w(f"  in memory: {_held(v['in_memory'], info.get('measure_error'))}\n")
     if not info["vocabulary"]:
         w("vocabulary: no table (no Gather or GatherBlockQuantized reads rows from an initializer)\n")
     w(f"  {'name':<32} {'dtype':<8} {'shape':<16} {'elements':>12} {'bytes':>12}\n")
@@ -75,6 +91,10 @@ def _report(info, path, out):
     for c in info["runtime_copies"]:
         if c in small:
             continue
+        if c.get("view") == "prepacked":
+            w(f"prepacked copy of {c['copy_of']}: {c['bytes']} bytes made at load by {c['kernel']} node "
+              f"{c['node']!r} under onnxruntime's defaults (no initializer of the optimized model shows it)\n")
+            continue
         what = f" = {c['copy_of']}{'' if c['view'] == 'same' else ' ' + c['view']}" if "copy_of" in c else ""
         w(f"runtime copy {c['name']} {c['shape']}: {c['bytes']} bytes added by onnxruntime's optimizations{what}\n")
     if small:
@@ -82,6 +102,25 @@ def _report(info, path, out):
           f"{sum(c['bytes'] for c in small)} bytes in all\n")
     if not info["runtime_copies"]:
         w("runtime copies: none (onnxruntime's optimized model adds no initializer)\n")
+
+
+def _copies(n):
+    return f"{n} cop{'y' if n == 1 else 'ies'}"
+
+
+def _held(entry, error):
+    """One line: what a session holds under the defaults, and what turning prepacking off changes."""
+    def figures(held):
+        if held["resident_bytes"] is None:
+            return "not measured"
+        ratio = ("the table too small for a ratio" if held["times_table"] is None else
+                 f"{held['times_table']:.2f}x the table beyond the other weights")
+        return (f"+{held['resident_bytes'] / 2**20:.1f} MiB resident after a run, {held['anonymous_bytes'] / 2**20:.1f} "
+                f"anonymous and {held['file_bytes'] / 2**20:.1f} file-backed: {ratio}")
+    defaults, off = entry["defaults"], entry["no_prepacking"]
+    line = (f"{_copies(defaults['copies'])} under onnxruntime's default SessionOptions ({figures(defaults)}); "
+            f"{_copies(off['copies'])} with {memory.NO_PREPACKING} ({figures(off)})")
+    return line + (f"; not run: {error}" if error else "")
 
 
 def _views(entry):

@@ -95,8 +95,21 @@ def _first_line(e):
 
 def _optimize(job):
     from runtime.runner import write_optimized_model
-    write_optimized_model(job["model"], job["out"])
+    write_optimized_model(job["model"], job["out"], prepacked=True)  # what the defaults prepack, recorded
     return {}
+
+
+def _measure(job):
+    """What a session adds after one run of the proof's decoder feeds, in this fresh process."""
+    import numpy as np
+    import onnx
+
+    from runtime.inspect.proof import feeds_for
+    from runtime.resident import session_growth
+    proto = onnx.load(job["model"], load_external_data=False)
+    feeds = feeds_for(proto, job["rows"], np.random.default_rng(0), job.get("head_size"))
+    del proto
+    return session_growth(job["model"], feeds, job["prepacking"])
 
 
 def _prove(job):
@@ -104,7 +117,7 @@ def _prove(job):
     return {"failures": prove(job)}
 
 
-_JOBS = {"optimize": _optimize, "prove": _prove}
+_JOBS = {"optimize": _optimize, "measure": _measure, "prove": _prove}
 
 
 def main(path):

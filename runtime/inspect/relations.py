@@ -106,8 +106,11 @@ def _same_bytes(a, b):
 SMALL_COPY = 4096  # runtime copies under this many bytes (folded shape constants) are summarised in one line
 
 
-def vocabulary(model, tables, heads, pairs, copies):
-    """One entry per table a lookup reads: size, format, bytes, tie, and copies in onnxruntime's memory."""
+def vocabulary(model, tables, heads, pairs, copies, held):
+    """One entry per table a lookup reads: size, format, bytes, tie, and the copies a session holds.
+
+    `held(names, table_bytes, other_bytes)` gives the `in_memory` entry of the tensors `names` (the table, a
+    duplicate of it, what onnxruntime folds from them); `tables_in_memory` is its count under the defaults."""
     packed = {e["initializer"] for e in tables + heads if e["format"] == "int4"}  # two codes a byte
     params = sum(t.elements * (2 if t.name in packed and t.data_type == TensorProto.UINT8 else 1)
                  for t in model.tensors.values())
@@ -118,10 +121,14 @@ def vocabulary(model, tables, heads, pairs, copies):
         tie = next((p for p in mine if p["relation"] == "shared"), None) or next(
             (p for p in mine if p["relation"] in ("duplicate", "transposed_duplicate")), None)
         stored = {table["initializer"]} | ({tie["head"]} if tie else set())
-        in_memory = len(stored) + sum(c.get("copy_of") in stored for c in copies)
+        folded = [c["name"] for c in copies if c.get("copy_of") in stored and c.get("view") != "prepacked"]
+        stored_bytes = sum(model.tensors[n].nbytes for n in stored)
+        memory = held(sorted(stored) + folded, table["bytes"], total_bytes - stored_bytes - (
+            table["bytes"] - model.tensors[table["initializer"]].nbytes))  # the table's scales are its bytes too
         entries.append({"table": table["initializer"], "vocab_size": table["vocab"], "width": table["width"],
                         "format": table["format"], "bytes": table["bytes"], "tied": tie is not None,
-                        "head": tie["head"] if tie else None, "tables_in_memory": in_memory,
+                        "head": tie["head"] if tie else None, "tables_in_memory": memory["defaults"]["copies"],
+                        "in_memory": memory,
                         "parameter_share": round(table["vocab"] * table["width"] / params, 4) if params else None,
                         "byte_share": round(table["bytes"] / total_bytes, 4) if total_bytes else None})
     return entries

@@ -1,14 +1,15 @@
 """--retie: make every duplicated head read its table in a form onnxruntime keeps as one, prove it, then write."""
 import itertools
-import json
 import os
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 import graphs
-from runtime.inspect import isolated
+from graphs.tie import unfolded_view
+from runtime.inspect import isolated, memory, sidecars
 from runtime.inspect.reading import InspectError, load
+from runtime.resident import copies_held, prepacked_copies
 from runtime.inspect.relations import runtime_copies
 
 
@@ -112,8 +113,18 @@ def _rank(graph, name):
 
 
 def _gemm_head(graph, model, node, table, vocab, width, i):
-    """Make head `node` a Gemm(transB=1) on `table` (a FusedMatMul stays one, transB=1); (output, hidden input)."""
+    """Make head `node` a Gemm(transB=1) on `table` (a FusedMatMul stays one, transB=1), read through
+    graphs.tie's run-time view so that onnxruntime's defaults do not prepack a second copy of it; (output,
+    hidden input)."""
     hidden, output = node.input[0], node.output[0]
+    prefix = _unique(graph, model, f"retie{i}") + "_"
+    view, constants, _ = unfolded_view(table, hidden, [vocab, width], prefix + "table", prefix + "tie_")
+    for name, values in constants.items():
+        _const(graph, name, values)
+    at = list(graph.node).index(node)
+    for offset, n in enumerate(view):
+        graph.node.insert(at + offset, n)
+    table = prefix + "table"
     if node.op_type in ("Gemm", "FusedMatMul"):
         kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
         del node.attribute[:]
@@ -121,7 +132,6 @@ def _gemm_head(graph, model, node, table, vocab, width, i):
         node.input[1] = table  # B becomes the table itself, read transposed in place
         node.attribute.append(helper.make_attribute("transB", 1))
         return output, hidden
-    prefix = _unique(graph, model, f"retie{i}") + "_"
     at = list(graph.node).index(node)
     new = [
         helper.make_node("Shape", [hidden], [prefix + "hidden_shape"], name=prefix + "shape"),
@@ -159,16 +169,6 @@ def _drop_dead(graph):
         graph.initializer.remove(tensor)
 
 
-def genai_head_size(path):
-    """head_size from onnxruntime-genai's genai_config.json beside the model, if there is one that says."""
-    try:
-        with open(os.path.join(os.path.dirname(os.path.abspath(path)), "genai_config.json")) as f:
-            size = json.load(f)["model"]["decoder"]["head_size"]
-        return size if isinstance(size, int) and 0 < size < 2**16 else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def retie(model, found, out_path, folder, limits, say):
     """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven."""
     if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
@@ -187,7 +187,7 @@ def retie(model, found, out_path, folder, limits, say):
     graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
     rows = {t["node"].input[1]: t["vocab"] for t in found["tables"]}
     job = {"kind": "prove", "before": os.path.abspath(model.path), "after": staged, "rewritten": rewritten,
-           "rows": rows, "folder": folder, "head_size": genai_head_size(model.path)}
+           "rows": rows, "folder": folder, "head_size": sidecars.genai_head_size(model.path)}
     try:
         failures = isolated.call(job, "proving the retied model", limits, model.file_bytes)["failures"]
         optimized = os.path.join(folder, "retied.optimized.onnx")
@@ -196,25 +196,44 @@ def retie(model, found, out_path, folder, limits, say):
     except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
         say(f"retie: failed, nothing written: {e}\n")
         return 1
-    retied = load(staged)
+    retied, retied_optimized = load(staged), load(optimized, folder)
     kept = sorted({final for *_, final in rewritten})
-    copies = runtime_copies(retied, load(optimized, folder), kept)
-    tables = kept
-    for table in tables:
+    copies = runtime_copies(retied, retied_optimized, kept)
+    prepacked = prepacked_copies(retied_optimized.proto)
+    before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
+    held = {}
+    for table, original in {final: original for _, _, original, _, final in rewritten}.items():
         extra = [c["name"] for c in copies if c.get("copy_of") == table and c["bytes"] >= retied.tensors[table].nbytes]
         if extra:
             failures.append(f"onnxruntime still copies {table} at run time: {extra}")
+        held[table] = copies_held([table] + extra, retied_optimized.proto, prepacked, prepacking=True)
+        float_table = retied.tensors[table].data_type == TensorProto.FLOAT
+        if held[table] > (1 if float_table else before.get(original, 1)):
+            failures.append(f"under onnxruntime's default SessionOptions a session would hold {held[table]} copies "
+                            f"of {table}")
     if failures:
         say(f"retie: not proven, nothing written: {failures[0]}\n")
         return 1
+    measured = memory.measure(staged, rows, job["head_size"], folder, limits, model.file_bytes)
     written = graphs.save(model.proto, out_path, check=False, sources=sources)  # the model the child checked
     size = sum(os.path.getsize(p) for p in written)
-    memory = sum(t.nbytes for t in load(optimized, folder).tensors.values())
     heads = sum(hidden is not None for _, hidden, *_ in rewritten)
-    say(f"retie: {tables} now read in place by the lookups and heads that share them ({heads} head(s) rewritten); "
-        "outputs equal on random inputs (heads within 2 gamma_w sum|a b|, the rest bit for bit); onnxruntime keeps "
-        "one copy\n")
-    say(f"retie: wrote {out_path}: {model.file_bytes} -> {size} bytes on disk "
-        f"(saved {model.file_bytes - size}); initializers in onnxruntime's optimized model "
-        f"{found['optimized_bytes']} -> {memory} bytes (saved {found['optimized_bytes'] - memory})\n")
+    say(f"retie: {kept} now read in place by the lookups and heads that share them ({heads} head(s) rewritten); "
+        "outputs equal on random inputs (heads within 2 gamma_w sum|a b|, the rest bit for bit)\n")
+    for table, original in {final: original for _, _, original, _, final in rewritten}.items():
+        say(f"retie: in memory under onnxruntime's default SessionOptions: {held[table]} cop"
+            f"{'y' if held[table] == 1 else 'ies'} of {table} (was {before.get(original, '?')}){_growth(measured)}\n")
+    say(f"retie: wrote {out_path}: {model.file_bytes} -> {size} bytes on disk (saved {model.file_bytes - size})\n")
+    for line in sidecars.copy_beside(model.path, out_path):
+        say(f"retie: {line}\n")
     return 0
+
+
+def _growth(measured):
+    """', a session adds X MiB after a run (defaults; Y with prepacking off)', or '' when not measured."""
+    on, off = measured.get("defaults"), measured.get("no_prepacking")
+    if on is None or off is None:
+        return ""
+    return (f"; a session adds {on['resident_bytes'] / 2**20:.1f} MiB resident after a run "
+            f"({on['anonymous_bytes'] / 2**20:.1f} anonymous; {off['resident_bytes'] / 2**20:.1f} MiB with "
+            f"{memory.NO_PREPACKING})")

@@ -3,10 +3,12 @@ import math
 
 from onnx import TensorProto, helper
 
+from graphs.tie import viewed_dims
 from runtime.inspect.reading import InspectError
 
 # Ops exporters put between a stored table and the op that reads it; each passes on its input 0's values.
 _VIEWS = ("Identity", "Transpose", "Reshape", "Cast", "Squeeze", "Unsqueeze", "DequantizeLinear")
+# A Reshape to the table's own dims computed at run time (graphs.tie) is listed as a "View": nothing changes.
 
 
 def _label(node):
@@ -85,13 +87,26 @@ class Resolver:
                 if perm and perm[0] != [1, 0]:
                     self.known[name] = None
                     break
-            chain.append((name, node.op_type))
+            chain.append((name, "View" if self._same_shape(node) else node.op_type))
             name = node.input[0]
         found = self.known[name]
         for step, op in reversed(chain):
             found = None if found is None else (found[0], found[1] + (op == "Transpose"), found[2] + (op,))
             self.known[step] = found
         return found
+
+
+    def _same_shape(self, node):
+        """Whether a Reshape gives its input back in the dims it has (graphs.tie's run-time view of a table)."""
+        if node.op_type != "Reshape" or len(node.input) < 2 or node.input[0] not in self.weights:
+            return False
+        return viewed_dims(node.input[1], self.producer, self._constant) == self.weights[node.input[0]].dims
+
+    def _constant(self, name):
+        tensor = self.weights.get(name)
+        if tensor is None or tensor.data_type != TensorProto.INT64 or tensor.elements > 8:
+            return None
+        return tensor.values()
 
 
 def _attribute(node, name, default=None):

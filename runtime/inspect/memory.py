@@ -1,0 +1,41 @@
+"""What a user's process holds: copies of each table under onnxruntime's default SessionOptions (prepacked
+ones included, which no initializer of the optimized model shows) and with prepacking off, counted from the
+optimized model and measured in the isolated child after one run."""
+from runtime.inspect import isolated
+from runtime.resident import copies_held
+
+SETTINGS = {"defaults": True, "no_prepacking": False}  # name in the report -> prepacking on
+NO_PREPACKING = "session.disable_prepacking=1"  # the setting that changes it, as a user writes it
+RESOLUTION = 16 * 2**20  # below this a table's ratio is not given: a session's own pages (~3 MiB) would swamp it
+
+
+def measure(path, rows, head_size, folder, limits, model_bytes):
+    """{setting: {resident_bytes, anonymous_bytes, file_bytes} or None, "error": why} for each of SETTINGS, each
+    in a fresh isolated child. None where onnxruntime refuses to run the model on the proof's feeds; a crash or
+    time-out is an InspectError, like every isolated step."""
+    measured = {}
+    for setting, prepacking in SETTINGS.items():
+        job = {"kind": "measure", "model": path, "rows": rows, "head_size": head_size, "prepacking": prepacking,
+               "folder": folder}
+        try:
+            measured[setting] = isolated.call(job, f"running it once ({setting})", limits, model_bytes)
+        except isolated.StepFailed as e:
+            measured[setting], measured["error"] = None, str(e).split(": ", 1)[-1]
+    return measured
+
+
+def in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured):
+    """The `in_memory` entry of one table: per setting, copies counted and bytes measured, and times_table =
+    (resident growth - the model's other initializers) / the table's bytes, None for a table under RESOLUTION."""
+    entry = {}
+    for setting, prepacking in SETTINGS.items():
+        figures = measured.get(setting)
+        held = {"copies": copies_held(names, optimized.proto, prepacked, prepacking)}
+        if figures is None:
+            held.update(resident_bytes=None, anonymous_bytes=None, file_bytes=None, times_table=None)
+        else:
+            held.update(figures)
+            held["times_table"] = (round((figures["resident_bytes"] - other_bytes) / table_bytes, 2)
+                                   if table_bytes >= RESOLUTION else None)
+        entry[setting] = held
+    return entry

@@ -1,0 +1,104 @@
+"""The files a model's runtime reads beside it (onnxruntime-genai's genai_config.json, Hugging Face's config and
+tokenizer files): read only when regular, inside the model's folder and small; copied beside a retied OUT so it
+is a drop-in model, never over a file that is there."""
+import json
+import os
+import stat
+import tempfile
+
+MAX_BYTES = 16 * 2**20  # a config or tokenizer file larger than this is not one
+GENAI_CONFIG = "genai_config.json"
+NAMES = (GENAI_CONFIG, "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+         "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model",
+         "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
+         "preprocessor_config.json", "processor_config.json")
+
+
+def read(model_path, name):
+    """The bytes of sidecar `name` beside the model, or None (absent, not a regular file, a link out of the
+    folder, larger than MAX_BYTES). Opened without following a final link, checked on the descriptor."""
+    folder = os.path.dirname(os.path.abspath(model_path))
+    path = os.path.join(folder, name)
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO does not block the open
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
+            return None
+        return f.read(MAX_BYTES + 1)[:MAX_BYTES]
+
+
+def genai_config(model_path):
+    """onnxruntime-genai's genai_config.json beside the model as a dict, or None."""
+    data = read(model_path, GENAI_CONFIG)
+    try:
+        config = json.loads(data) if data is not None else None
+    except ValueError:
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def genai_head_size(model_path):
+    """head_size from genai_config.json beside the model, if there is one that says."""
+    try:
+        size = genai_config(model_path)["model"]["decoder"]["head_size"]
+    except (TypeError, KeyError):
+        return None
+    return size if isinstance(size, int) and 0 < size < 2**16 else None
+
+
+def copy_beside(model_path, out_path):
+    """Copy each sidecar beside the model to OUT's folder (genai_config.json naming OUT's file as its decoder);
+    one line per file, copied or why not. Nothing is copied when OUT lies in the model's own folder."""
+    source, target = os.path.dirname(os.path.abspath(model_path)), os.path.dirname(os.path.abspath(out_path))
+    if os.path.realpath(source) == os.path.realpath(target):
+        present = [n for n in NAMES if read(model_path, n) is not None]
+        if GENAI_CONFIG in present and _decoder_file(genai_config(model_path)) != os.path.basename(out_path):
+            return [f"{GENAI_CONFIG} names {_decoder_file(genai_config(model_path))!r}, not OUT: it is not changed; "
+                    "put OUT in a folder of its own for onnxruntime-genai to load it"]
+        return []
+    lines = []
+    for name in NAMES:
+        data = read(model_path, name)
+        if data is None:
+            continue
+        if name == GENAI_CONFIG:
+            config = genai_config(model_path)
+            if config is not None and _decoder_file(config) is not None:
+                config["model"]["decoder"]["filename"] = os.path.basename(out_path)
+                data = (json.dumps(config, indent=4) + "\n").encode()
+        lines.append(_claim(os.path.join(target, name), data))
+    return lines
+
+
+def _decoder_file(config):
+    try:
+        name = config["model"]["decoder"]["filename"]
+    except (TypeError, KeyError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def _claim(path, data):
+    """Write `data` to a staging file, then link it to `path` only if nothing is there (never replaced)."""
+    fd, staged = tempfile.mkstemp(prefix=".sidecar-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(staged, 0o666 & ~_umask())
+        os.link(staged, path)
+    except FileExistsError:
+        return f"{os.path.basename(path)} exists beside OUT: left as it is"
+    finally:
+        os.unlink(staged)
+    return f"copied {os.path.basename(path)} beside OUT"
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

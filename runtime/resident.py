@@ -1,0 +1,96 @@
+"""Resident memory as the kernel counts it, split into anonymous (heap, prepacked copies) and file-backed
+(tensor data onnxruntime maps from the model's files) pages, and what one session adds to it."""
+import collections
+import gc
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+Resident = collections.namedtuple("Resident", "rss anonymous file")
+
+
+def resident():
+    """This process's resident bytes now: Resident(rss, anonymous, file) from /proc/self/status."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                fields[key] = int(value.split()[0]) * 1024
+    return Resident(fields["VmRSS"], fields["RssAnon"], fields["RssFile"] + fields.get("RssShmem", 0))
+
+
+def options(prepacking=True):
+    """SessionOptions as a user has them: onnxruntime's defaults, with prepacking turned off if asked."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if not prepacking:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+    return opts
+
+
+def _warm():
+    """One session on a one-node model first, so onnxruntime's process-wide set-up (its environment, kernel
+    registries, the first thread pool) is not counted against the model measured next."""
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "warm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    ort.InferenceSession(model.SerializeToString(), options(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.ones(1, np.float32)})
+
+
+def session_growth(path, feeds, prepacking=True):
+    """{resident_bytes, anonymous_bytes, file_bytes}: what a session on the model at `path` adds to this process
+    after loading and one run on `feeds` (its outputs dropped, the session still held). Meant for a fresh
+    process: memory an earlier session freed to the allocator would hide part of this one's."""
+    _warm()
+    gc.collect()
+    before = resident()
+    session = ort.InferenceSession(path, options(prepacking), providers=["CPUExecutionProvider"])
+    session.run(None, feeds)
+    after = resident()
+    del session
+    return {"resident_bytes": after.rss - before.rss, "anonymous_bytes": after.anonymous - before.anonymous,
+            "file_bytes": after.file - before.file}
+
+
+def prepacked_copies(optimized):
+    """[{initializer, kernel, node, bytes}]: each copy a kernel prepacked at load, as onnxruntime records it beside
+    the initializer it was made from in an optimized model (a ModelProto, tensor data not loaded) written by
+    runtime.runner.write_optimized_model(prepacked=True)."""
+    readers = {}
+    for node in optimized.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    copies = []
+    for tensor in optimized.graph.initializer:
+        entries = [e.value for e in tensor.external_data if e.key.startswith("prepacked")]
+        for i, value in enumerate(entries):
+            kernel, _, rest = value.partition("+")
+            fields = rest.partition("|")[2].split(";")  # offset; length; ...
+            length = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+            nodes = [n for n in readers.get(tensor.name, []) if n.op_type == kernel]
+            node = nodes[min(i, len(nodes) - 1)] if nodes else None
+            copies.append({"initializer": tensor.name, "kernel": kernel, "bytes": length,
+                           "node": None if node is None else (node.name or node.output[0])})
+    return copies
+
+
+def copies_held(names, optimized, prepacked, prepacking):
+    """How many copies of the tensors `names` (a table, a duplicate of it, the copies folded from them) a session
+    holds: those the optimized model keeps, plus the prepacked copies of them when prepacking is on, less each
+    original every reader of which prepacked it (onnxruntime then frees it)."""
+    kept = {t.name for t in optimized.graph.initializer}
+    present = [n for n in dict.fromkeys(names) if n in kept]
+    if not prepacking:
+        return len(present)
+    readers = {}
+    for node in optimized.graph.node:
+        for name in set(node.input):
+            readers[name] = readers.get(name, 0) + 1
+    packed = {n: sum(p["initializer"] == n for p in prepacked) for n in present}
+    released = sum(1 for n in present if packed[n] and packed[n] >= readers.get(n, 0))
+    return len(present) + sum(packed.values()) - released
