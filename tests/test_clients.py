@@ -1,0 +1,166 @@
+"""The tie where users run models: onnxruntime's default SessionOptions (resident memory measured in fresh
+processes by runtime.inspect) and onnxruntime-genai's Generator, before and after --retie."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import graphs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+PROMPTS = ([1, 2, 3, 4], [17, 250, 3, 99, 400], [511, 7])
+
+
+def inspect(*args):
+    done = subprocess.run([sys.executable, "-m", "runtime.inspect", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def entry(path, table=None):
+    vocabulary = json.loads(inspect(path, "--json").stdout)["vocabulary"]
+    return next(v for v in vocabulary if table in (None, v["table"]))
+
+
+def genai_tokens(folder, new=12):
+    """Greedy tokens onnxruntime-genai's Generator picks after each prompt, in a child (it holds a session)."""
+    script = f"""
+import json, sys
+import numpy as np
+import onnxruntime_genai as og
+model = og.Model(sys.argv[1])
+tokens = []
+for prompt in {list(PROMPTS)!r}:
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + {new}, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([prompt], dtype=np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    tokens.append([int(t) for t in generator.get_sequence(0)][len(prompt):])
+print(json.dumps(tokens))
+"""
+    done = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+# --- onnxruntime-genai's runtime ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fixture", ["genai_fp32", "genai_int4"])
+def test_genai_generates_the_same_tokens_after_retie(fixture, tmp_path):
+    source = os.path.join(FIXTURES, fixture)
+    out = tmp_path / "retied" / "model.onnx"
+    out.parent.mkdir()
+    said = inspect(os.path.join(source, "model.onnx"), "--retie", out).stdout
+    assert "copied genai_config.json beside OUT" in said
+    before, after = genai_tokens(source), genai_tokens(out.parent)
+    assert len(after) == len(PROMPTS) and all(len(t) == 12 for t in after)
+    assert after == before
+
+
+def test_retie_names_out_in_genai_config_and_never_replaces_a_file(tmp_path):
+    source = os.path.join(FIXTURES, "genai_fp32")
+    (tmp_path / "tokenizer_config.json").write_text("mine\n")  # a file of the user's that must stay
+    model_folder = tmp_path / "model"
+    shutil.copytree(source, model_folder)  # the fixture has no tokenizer files: give the copy two
+    (model_folder / "tokenizer_config.json").write_text('{"from": "the model"}\n')
+    (model_folder / "vocab.json").write_text('{"a": 0}\n')
+    out = tmp_path / "retied.onnx"
+    said = inspect(model_folder / "model.onnx", "--retie", out).stdout
+    assert "tokenizer_config.json exists beside OUT: left as it is" in said
+    assert "copied vocab.json beside OUT" in said
+    assert (tmp_path / "tokenizer_config.json").read_text() == "mine\n"
+    assert (tmp_path / "vocab.json").read_text() == '{"a": 0}\n'
+    config = json.loads((tmp_path / "genai_config.json").read_text())
+    assert config["model"]["decoder"]["filename"] == "retied.onnx"
+    original = json.loads((model_folder / "genai_config.json").read_text())
+    original["model"]["decoder"]["filename"] = "retied.onnx"
+    assert config == original  # nothing else changed
+    assert genai_tokens(tmp_path) == genai_tokens(model_folder)
+
+
+def test_retie_beside_its_input_leaves_genai_config_alone(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(os.path.join(FIXTURES, "genai_fp32"), folder)
+    config = (folder / "genai_config.json").read_bytes()
+    said = inspect(folder / "model.onnx", "--retie", folder / "retied.onnx").stdout
+    assert "genai_config.json names 'model.onnx', not OUT: it is not changed" in said
+    assert (folder / "genai_config.json").read_bytes() == config
+
+
+# --- resident memory under onnxruntime's defaults ----------------------------------------------------------
+
+V, D = 16384, 512  # a 32 MiB table: well above a session's own few MiB
+
+
+def constant_head_tied(table):
+    """The lab's tied graph as it was: the head reads the table as a constant, which the defaults prepack."""
+    vocab, width = table.shape
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["embedding", "ids"], ["embeddings"], axis=0),
+         helper.make_node("FusedMatMul", ["hidden", "embedding"], ["logits"], domain="com.microsoft", transB=1)],
+        "constant_head", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"]),
+                          helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", "seq", width])],
+        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", "seq", width]),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab])],
+        [numpy_helper.from_array(table, "embedding")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    return model
+
+
+def test_the_lab_tied_head_holds_one_table_under_onnxruntime_defaults(tmp_path):
+    table = graphs.make_table(V, D)
+    graphs.save(graphs.tied_logits(table), tmp_path / "tied.onnx", external=True)
+    graphs.save(constant_head_tied(table), tmp_path / "constant.onnx", external=True)
+    tied, constant = entry(tmp_path / "tied.onnx"), entry(tmp_path / "constant.onnx")
+    for held in (tied["in_memory"]["defaults"], tied["in_memory"]["no_prepacking"]):
+        assert held["copies"] == 1 and held["times_table"] <= 1.25, held
+    assert tied["in_memory"]["defaults"]["anonymous_bytes"] < 0.25 * V * D * 4  # the table stays file-backed
+    # the same test tells the old form apart: its head's weight is prepacked into a second table
+    assert constant["in_memory"]["defaults"]["copies"] == 2 and constant["in_memory"]["defaults"]["times_table"] >= 1.75
+    assert constant["in_memory"]["no_prepacking"]["copies"] == 1
+    assert set(tied["in_memory"]["defaults"]) == {"copies", "resident_bytes", "anonymous_bytes", "file_bytes",
+                                                  "times_table"}
+
+
+def genai_shared_embeddings(vocab, width, seed=0):
+    """onnxruntime-genai's shared-embeddings form, no layers between: the table stored once as the head's
+    [width, vocab] MatMul weight, the lookup reading it through a Transpose."""
+    weight = np.ascontiguousarray(graphs.make_table(vocab, width, seed).T)
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["lm_head.MatMul.weight"], ["rows"], perm=[1, 0]),
+         helper.make_node("Gather", ["rows", "input_ids"], ["hidden"], axis=0),
+         helper.make_node("MatMul", ["hidden", "lm_head.MatMul.weight"], ["logits"], name="/lm_head/MatMul")],
+        "genai_form", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch_size", "sequence_length", vocab])],
+        [numpy_helper.from_array(weight, "lm_head.MatMul.weight")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.slow
+def test_retie_at_qwen2_size_holds_one_table_under_the_defaults(tmp_path):
+    """151936 x 896 (544 MB), genai's form: two tables under the defaults before --retie, one after."""
+    source = tmp_path / "genai" / "model.onnx"
+    source.parent.mkdir()
+    graphs.save(genai_shared_embeddings(151936, 896), source, external=True)
+    before = entry(source)
+    assert before["in_memory"]["defaults"]["copies"] == 2 and before["in_memory"]["defaults"]["times_table"] >= 1.9
+    out = tmp_path / "retied" / "model.onnx"
+    out.parent.mkdir()
+    inspect(source, "--retie", out)
+    after = entry(out)
+    assert after["tied"] and after["in_memory"]["defaults"]["copies"] == 1
+    assert after["in_memory"]["defaults"]["times_table"] <= 1.10, after["in_memory"]
+    assert after["in_memory"]["no_prepacking"]["times_table"] <= 1.10, after["in_memory"]
