@@ -16,12 +16,12 @@ def test_netron_renders_the_exported_graphs(tmp_path):
     assert export([str(tmp_path), "--vocab-size", "64", "--width", "8"]) == 0
     names = ["tied_logits", "onehot_lookup", "neighbors_dot"]
     shots = [tmp_path / f"{n}.png" for n in names]
-    labels = ("Identity", "Gather", "FusedMatMul", "Gemm", "OneHot", "MatMul", "TopK")
+    labels = ("Reshape", "Gather", "FusedMatMul", "Gemm", "OneHot", "MatMul", "TopK")
     tied, onehot, neighbors = netron_view.render([tmp_path / f"{n}.onnx" for n in names], shots, labels)
-    # labels match as substrings: the FusedMatMul node also counts as a MatMul
-    assert tied == {"Identity": 1, "Gather": 1, "FusedMatMul": 1, "Gemm": 0, "OneHot": 0, "MatMul": 1, "TopK": 0}
-    assert onehot == {"Identity": 0, "Gather": 0, "FusedMatMul": 0, "Gemm": 0, "OneHot": 1, "MatMul": 1, "TopK": 0}
-    assert neighbors == {"Identity": 0, "Gather": 1, "FusedMatMul": 0, "Gemm": 1, "OneHot": 1, "MatMul": 0, "TopK": 1}
+    # labels match as substrings: the FusedMatMul node also counts as a MatMul; the Reshape is the tie's view
+    assert tied == {"Reshape": 1, "Gather": 1, "FusedMatMul": 1, "Gemm": 0, "OneHot": 0, "MatMul": 1, "TopK": 0}
+    assert onehot == {"Reshape": 0, "Gather": 0, "FusedMatMul": 0, "Gemm": 0, "OneHot": 1, "MatMul": 1, "TopK": 0}
+    assert neighbors == {"Reshape": 1, "Gather": 1, "FusedMatMul": 0, "Gemm": 1, "OneHot": 1, "MatMul": 0, "TopK": 1}
     for shot in shots:  # a PNG with something drawn in it
         data = shot.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
