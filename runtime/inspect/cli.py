@@ -19,7 +19,12 @@ DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX mode
 Tables are initializers a Gather reads rows from; heads are the weights of a MatMul, Gemm or FusedMatMul,
 seen through Identity and Transpose. Each table/head pair of matching shape is `shared` (one initializer), `duplicate`
 (same values), `transposed_duplicate` (same values, transposed) or `distinct`. Runtime copies are the
-initializers onnxruntime's optimized model adds. The model is untrusted: every tensor is checked before it
+initializers onnxruntime's optimized model adds, and the copies kernels prepack at load under onnxruntime's
+default SessionOptions (named by node and kernel). What a session then holds is measured after one run, in a
+fresh child with the defaults and one with session.disable_prepacking=1: copies of each table, resident
+bytes (anonymous and file-backed). --retie makes each duplicated or transposed head read its table in place
+through a run-time view nothing prepacks, proves it, and copies genai_config.json (naming OUT), config and
+tokenizer files beside OUT, never over a file. The model is untrusted: every tensor is checked before it
 is read, external data must lie inside the model's folder, and onnxruntime runs in a child process under
 --timeout and --memory-limit, so a crash there is reported, not suffered."""
 
@@ -163,7 +168,7 @@ def main(argv=None):
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL.onnx")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
-    parser.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table")
+    parser.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table, with the sidecar files its runtime reads")
     parser.add_argument("--timeout", type=_positive, default=300.0, metavar="S",
                         help="wall-clock seconds each onnxruntime step may take (default 300)")
     parser.add_argument("--memory-limit", type=_positive, metavar="GiB",
