@@ -18,17 +18,17 @@ import sys
 if __name__ == "__main__":  # `python3 -I -S embed.py` puts no folder on sys.path: make reference/ importable
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from reference.precision import FORMATS, dequantize, quantize, table_bytes  # noqa: E402
-from reference.scores import (check_factor, check_id, check_ids, cosine, dot, logits, lookup,  # noqa: E402
+from reference.precision import FORMATS, QMAX, dequantize, quantize, table_bytes  # noqa: E402
+from reference.scores import (check_factor, check_id, check_ids, cosine, dot, lead_factor, logits, lookup,  # noqa: E402
                               neighbors, norm, one_hot, onehot_lookup, onehot_lookup_counted, scale_sqrt_d,
                               stretch_row, stretch_to_lead)
 from reference.tables import GOLDEN, check_int, make_table, mix64, param_count, shape  # noqa: E402
-from reference.walkthrough import OneLineParser, main, parse_ids, run_cli  # noqa: E402
+from reference.walkthrough import OneLineParser, UsageError, main, parse_ids, run_cli  # noqa: E402
 
-__all__ = ["FORMATS", "dequantize", "quantize", "table_bytes", "check_factor", "check_id", "check_ids", "cosine",
+__all__ = ["FORMATS", "QMAX", "dequantize", "quantize", "table_bytes", "check_factor", "check_id", "check_ids", "cosine",
            "dot", "logits", "lookup", "neighbors", "norm", "one_hot", "onehot_lookup", "onehot_lookup_counted",
-           "scale_sqrt_d", "stretch_row", "stretch_to_lead", "GOLDEN", "check_int", "make_table", "mix64",
-           "param_count", "shape", "OneLineParser", "main", "parse_ids", "run_cli"]
+           "scale_sqrt_d", "stretch_row", "stretch_to_lead", "lead_factor", "GOLDEN", "check_int", "make_table", "mix64",
+           "param_count", "shape", "OneLineParser", "UsageError", "main", "parse_ids", "run_cli"]
 
 if __name__ == "__main__":
     run_cli(main)

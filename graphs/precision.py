@@ -17,7 +17,14 @@ import embed
 
 ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
              "int8": TensorProto.INT8, "int4": TensorProto.INT4}
-_QMAX = {"int8": 127, "int4": 7}
+QMAX = embed.QMAX  # the symmetric code range of each integer format, the reference's
+
+
+def format_name(data_type):
+    """One of embed.FORMATS for an ONNX tensor type (uint8 codes are named by their reader: see runtime.inspect),
+    or the ONNX type's own name, lower case."""
+    names = {v: k for k, v in ONNX_TYPE.items()}
+    return names.get(data_type) or TensorProto.DataType.Name(data_type).lower()
 _CHUNK = 8 * 2**20  # bytes of float64 work at a time: quantizing stays in cache-sized pieces
 
 
@@ -52,7 +59,7 @@ def quantize(table, fmt, block_size=None):
     vocab, width = table.shape
     size = width if block_size is None else block_size
     blocks = -(-width // size)
-    qmax = _QMAX[fmt]
+    qmax = QMAX[fmt]
     codes = np.empty((vocab, width), np.int8)
     scales = np.empty((vocab, blocks), np.float32)
     step = max(1, _CHUNK // (8 * blocks * size))

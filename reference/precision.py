@@ -7,7 +7,7 @@ from reference.tables import check_int, shape
 # Precision: what the vocabulary costs in bytes. Formats in this order everywhere.
 FORMATS = ("float32", "float16", "bfloat16", "int8", "int4")
 _VALUE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
-_QMAX = {"int8": 127, "int4": 7}
+QMAX = {"int8": 127, "int4": 7}  # symmetric codes in [-qmax, qmax]
 _F32 = struct.Struct("<f")
 
 
@@ -71,7 +71,7 @@ def quantize(table, fmt, block_size=None):
     if fmt in ("float32", "float16", "bfloat16"):
         to = {"float32": list, "float16": _to_float16, "bfloat16": _to_bfloat16}[fmt]
         return [to(row) for row in rows], None
-    qmax, blocks = _QMAX[fmt], _blocks(len(rows[0]), block_size)
+    qmax, blocks = QMAX[fmt], _blocks(len(rows[0]), block_size)
     codes, scales = [], []
     for row in rows:
         row_scales = [_float32(max(map(abs, row[a:b])) / qmax) or 1.0 for a, b in blocks]
@@ -107,6 +107,6 @@ def table_bytes(vocab_size, width, fmt="float32", block_size=None, tied=True):
         stored = (vocab_size * width + 1) // 2
     else:
         stored = vocab_size * width * _VALUE_BYTES[fmt]
-    if fmt in _QMAX:
+    if fmt in QMAX:
         stored += 4 * vocab_size * len(_blocks(width, block_size))
     return stored * (1 if tied else 2)

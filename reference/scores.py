@@ -146,11 +146,16 @@ def stretch_to_lead(table, query, token, beat_query=False):
     check_id(token, vocab, "token")
     if token == query:
         raise ValueError(f"token {token} is the query itself; pick another token")
-    score = dot(table[token], table[query])
+    return lead_factor([dot(row, table[query]) for row in table], query, token, beat_query)
+
+
+def lead_factor(scores, query, token, beat_query=False):
+    """stretch_to_lead's rule on `scores`, each token's dot product with the query's row (embed.logits(table,
+    table[query])), for a caller that has them already."""
+    score = scores[token]
     if score <= 0:
         return None
-    rivals = [t for t in range(vocab) if t != token and (beat_query or t != query)]
-    best = max((dot(table[t], table[query]) for t in rivals), default=0.0)
+    best = max((v for t, v in enumerate(scores) if t != token and (beat_query or t != query)), default=0.0)
     factor = 2.0
     while factor * score <= best:  # strictly above the best other score: it leads whatever the ids
         factor *= 2.0

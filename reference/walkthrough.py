@@ -57,11 +57,16 @@ def _walkthrough(vocab_size, width, seed, ids, query, k):
     print(f"  cosine(row, scaled row) = {cosine(row, row_scaled):.9f}")
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line on stderr and exit 2 (shared by the lab's commands)."""
+class UsageError(Exception):
+    """Bad usage or input: run_cli prints it as one line on stderr and exits 2 (no traceback)."""
 
-    def error(self, message):  # one line, exit 2: no usage dump for a typo
-        self.exit(2, f"{self.prog}: error: {message}\n")
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors raise UsageError, one line (shared by the lab's commands): no usage dump for a
+    typo, and a main() called from Python returns 2 rather than exiting."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: error: {message}")
 
 
 def parse_ids(text):
@@ -78,6 +83,9 @@ def run_cli(main, argv=None):
     try:
         code = main(argv)
         sys.stdout.flush()
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        code = 2
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
         code = 1

@@ -5,16 +5,22 @@ compared, the measured difference and the tolerance used. Float32 scores are hel
 error bound for a sum of `width` products, |s - exact| <= gamma_w * sum|a_i b_i| with
 gamma_w = w u / (1 - w u), u = 2**-24; lookups are held to the bit.
 
-lab: the shared reference; bounds: float32's error bounds and the Check record; lookups, heads, sizes, neighbours: the checks; cli: the command.
+config: the command line as a frozen Config; reference: embed's answers, memoised on their arguments; sessions:
+the graphs and their onnxruntime sessions; pool: the second process both use; bounds: float32's error bounds and
+the Check record; lookups, heads, neighbors, formats, sizes: the checks, each check_x(config, reference, sessions);
+cli: the command.
 """
-from runtime.compare.cli import CHECKS, parse
-from runtime.compare.cli import main as _main
 from runtime.compare.bounds import Check, gamma, within
-from runtime.compare.lab import Lab
+from runtime.compare.cli import CHECKS
+from runtime.compare.cli import main as _main
+from runtime.compare.config import Config, parse
+from runtime.compare.reference import Reference
+from runtime.compare.sessions import Sessions
 
-__all__ = ["CHECKS", "Check", "Lab", "gamma", "main", "parse", "within"]
+__all__ = ["CHECKS", "Check", "Config", "Reference", "Sessions", "gamma", "main", "parse", "within"]
 
 
-def main(argv=None):
-    """Run the checks; 0 all pass, 1 any fails, 2 bad usage."""
-    return _main(argv, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+def main(argv=None, impl=None):
+    """Run the checks; 0 all pass, 1 any fails, 2 bad usage. `impl`: the reference implementation (default embed)."""
+    import embed
+    return _main(argv, description=__doc__.split("\n\n")[0].split(": ", 1)[1], impl=impl or embed)

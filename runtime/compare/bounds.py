@@ -66,3 +66,31 @@ def dot_bounds(rows, vectors, absolute=False):
     rows, vectors = (rows if absolute else np.abs(as64(rows))), np.abs(as64(vectors))
     width = rows.shape[1]
     return gamma(width) * (vectors @ rows.T) * (1 + 2 * (width + 2) * U64)
+
+
+def _with_row(reference, values, factor, row_value):
+    """`values` (one per row of the table), with the stretched row's entry recomputed for at(factor): a stretch
+    changes one row, so no copy of the whole table is needed."""
+    if factor is None:
+        return values
+    values = values.copy()
+    values[reference.stretch] = row_value(as64(reference.at(factor)[reference.stretch]))
+    return values
+
+
+def dot_bound(reference, vector, factor=None):
+    """gamma_w * sum|a_i b_i| of each row of reference.at(factor) against `vector`."""
+    return _with_row(reference, dot_bounds(reference.abs64(), [vector], absolute=True)[0], factor,
+                     lambda row: dot_bounds([row], [vector])[0, 0])
+
+
+def cosine_bound(reference, vector, cosines, factor=None):
+    """The float32 bound of each cosine in `cosines` {token: reference cosine} of reference.at(factor)'s rows with
+    `vector`: the dot's bound over the norms, plus gamma_(w+4) |cos| for the norms' sums, square roots, product
+    and division. Norms here are float64 (a tolerance, not a reference value), deflated to keep the bound upper."""
+    width = reference.config.width
+    dots = dot_bound(reference, vector, factor)
+    shrink = 1 - 2 * (width + 2) * U64
+    norms = _with_row(reference, reference.norms64(), factor, lambda row: np.sqrt(row @ row)) * shrink
+    query = np.sqrt(np.dot(as64(vector), as64(vector))) * shrink
+    return {t: dots[t] / (norms[t] * query) + gamma(width + 4) * abs(c) for t, c in cosines.items()}

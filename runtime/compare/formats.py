@@ -2,23 +2,23 @@
 the decoded table, the stretch claim, and what each format does to the lab's answers (figures, not verdicts)."""
 import numpy as np
 
-import embed
 import graphs
 from graphs import precision
 from runtime.compare.bounds import Check, differing, dot_bounds, within
+from runtime.compare.heads import vocab_width_tensors
 
 QUERIES = 64  # neighbour lists compared with float32's for this many query tokens
 ROWS = 4096  # past this vocabulary the reference quantizes a sample of rows (quantizing is row by row, so each
 SAMPLE = 1024  # sampled row is exactly what the whole table would give): the ids, query, stretched token, and more
 
 
-def reference_rows(lab):
+def reference_rows(config, reference):
     """The rows the pure-Python reference quantizes: all of them up to ROWS, else the ones the checks name plus
     evenly spaced others, SAMPLE in all."""
-    if lab.vocab <= ROWS:
-        return list(range(lab.vocab))
-    named = set(lab.ids) | {lab.query, lab.stretch}
-    spaced = np.linspace(0, lab.vocab - 1, SAMPLE - len(named)).astype(int).tolist()
+    if config.vocab <= ROWS:
+        return list(range(config.vocab))
+    named = set(config.ids) | {config.query, reference.stretch}
+    spaced = np.linspace(0, config.vocab - 1, SAMPLE - len(named)).astype(int).tolist()
     return sorted(named | set(spaced))
 
 
@@ -26,43 +26,40 @@ def _stored_bytes(model, prefixes=("embedding",)):
     return sum(len(t.raw_data) for t in model.graph.initializer if t.name.startswith(prefixes))
 
 
-def _copies(lab, name, vocab, width):
-    """The vocab x width tensors of onnxruntime's optimized model, as (type name, bytes)."""
-    optimized = lab.optimized(name)
-    return [(_type_name(t.data_type), graphs.storage.raw_bytes(t.data_type, t.dims)) for t in optimized.graph.initializer
-            if sorted(t.dims) == sorted([vocab, width])]
+def _copies(sessions, name, vocab, width):
+    """The vocab x width tensors of onnxruntime's optimized model, as (format name, bytes)."""
+    optimized = sessions.optimized(name)
+    names = set(vocab_width_tensors(optimized, vocab, width))
+    return [(precision.format_name(t.data_type), graphs.storage.raw_bytes(t.data_type, t.dims))
+            for t in optimized.graph.initializer if t.name in names]
 
 
-def _type_name(data_type):
-    return {v: k for k, v in precision.ONNX_TYPE.items()}.get(data_type, str(data_type))
-
-
-def check_formats(lab):
+def check_formats(config, reference, sessions):
     """One block of checks and figures per format of --format other than float32 (float32 is every other check)."""
     found = []
-    for fmt in lab.formats:
+    for fmt in config.formats:
         if fmt != "float32":
-            found += _one_format(lab, fmt, lab.block_size if fmt in ("int8", "int4") else None)
+            found += _one_format(config, reference, sessions, fmt, config.block_for(fmt))
     return found
 
 
-def _one_format(lab, fmt, block_size):
-    vocab, width, tag = lab.vocab, lab.width, fmt + (f"-b{block_size}" if block_size else "")
-    picked = reference_rows(lab)
+def _one_format(config, reference, sessions, fmt, block_size):
+    impl, vocab, width, tag = reference.embed, config.vocab, config.width, fmt + (f"-b{block_size}" if block_size else "")
+    ids, table32 = list(config.ids), reference.table32
+    picked = reference_rows(config, reference)
     at = {row: i for i, row in enumerate(picked)}
-    lab.progress(f"embed.quantize({fmt}) and dequantize of {len(picked)} rows in pure Python")
-    codes, scales = embed.quantize([lab.table[r] for r in picked], fmt, block_size)
-    reference = embed.dequantize(codes, scales, fmt, block_size)  # the truth at this format, for those rows
-    reference64 = np.asarray(reference, np.float64)
+    codes, scales = impl.quantize([reference.table[r] for r in picked], fmt, block_size)
+    decoded = impl.dequantize(codes, scales, fmt, block_size)  # the truth at this format, for those rows
+    decoded64 = np.asarray(decoded, np.float64)
     sampled = "" if len(picked) == vocab else f" ({len(picked)} sampled rows)"
     graph = lambda name: f"{name}@{tag}"
-    lab.progress(f"{fmt}: building the lookups and heads")
-    models = {name: lab.model_at(name, fmt, block_size) for name in ("gather_lookup", "onehot_lookup", "tied_logits")}
-    untied = graphs.untied_logits(lab.stored(fmt, block_size), precision.store(lab.head32(), fmt, block_size),
-                                  fmt=fmt, block_size=block_size)
+    models = {name: sessions.model_at(name, table32, fmt, block_size)
+              for name in ("gather_lookup", "onehot_lookup", "tied_logits")}
+    untied = graphs.untied_logits(sessions.stored(table32, fmt, block_size),
+                                  precision.store(sessions.head32(), fmt, block_size), fmt=fmt, block_size=block_size)
     checks = []
 
-    want, want_untied = (embed.table_bytes(vocab, width, fmt, block_size, tied=t) for t in (True, False))
+    want, want_untied = (impl.table_bytes(vocab, width, fmt, block_size, tied=t) for t in (True, False))
     stored = {name: _stored_bytes(m) for name, m in models.items()}
     held_untied = _stored_bytes(untied, ("embedding", "lm_head"))
     ok = all(v == want for v in stored.values()) and held_untied == want_untied
@@ -72,25 +69,22 @@ def _one_format(lab, fmt, block_size):
                         float(abs(held_untied - want_untied) + sum(abs(v - want) for v in stored.values())), 0.0,
                         {"table_bytes": want, "untied_bytes": want_untied}))
 
-    lab.progress(f"{fmt}: running the lookups")
-    rows = [reference[at[i]] for i in lab.ids]
-    bad = {name: differing(lab.runner(graph(name), models[name]).run({"ids": [lab.ids]})["embeddings"][0], rows)
+    rows = [decoded[at[i]] for i in ids]
+    bad = {name: differing(sessions.runner(graph(name), models[name]).run({"ids": [ids]})["embeddings"][0], rows)
            for name in ("gather_lookup", "onehot_lookup")}
     checks.append(Check("lookup", graph("gather+onehot"), not any(bad.values()),
                         f"Gather and OneHot+MatMul rows == embed.dequantize rows bit for bit ({bad['gather_lookup']} "
                         f"and {bad['onehot_lookup']} of {len(rows) * width} differ)", float(any(bad.values())), 0.0,
                         {"differing": bad}))
 
-    lab.progress(f"{fmt}: the tied head and its reference")
-    tied = lab.runner(graph("tied_logits"), models["tied_logits"])
-    logits = tied.run({"ids": [lab.ids[:1]], "hidden": [lab.hidden]})["logits"][0]
-    exact = [embed.logits(reference, h) for h in lab.hidden]
-    bound = dot_bounds(reference64, lab.hidden)
+    tied = sessions.runner(graph("tied_logits"), models["tied_logits"])
+    logits = tied.run({"ids": [ids[:1]], "hidden": [reference.hidden]})["logits"][0]
+    exact = [impl.logits(decoded, h) for h in reference.hidden]
+    bound = dot_bounds(decoded64, reference.hidden)
     ok, diff, worst = within(logits[:, picked], exact, bound)
-    lab.progress(f"{fmt}: onnxruntime's optimized tied head")
-    copies = _copies(lab, graph("tied_logits"), vocab, width)
+    copies = _copies(sessions, graph("tied_logits"), vocab, width)
     checks.append(Check("head", graph("tied_logits"), ok,
-                        f"tied logits vs embed.logits(dequantized table, hidden){sampled} for {len(lab.hidden)} "
+                        f"tied logits vs embed.logits(dequantized table, hidden){sampled} for {len(reference.hidden)} "
                         f"vectors, worst "
                         f"diff/bound {worst:.2f}", diff, float(np.max(bound)), {"worst_ratio": worst}))
     wider = [c for c in copies if c[0] != fmt]
@@ -100,43 +94,57 @@ def _one_format(lab, fmt, block_size):
                            "CPU provider has no half-precision MatMul on x86)" if wider else " (the codes once)"),
                         values={"copies": copies, "figure": True}))
 
-    lab.progress(f"{fmt}: the stretch and the neighbour lists")
-    checks.append(_stretch(lab, fmt, block_size, codes[at[lab.stretch]], scales and scales[at[lab.stretch]], tag))
-    checks += _figures(lab, fmt, block_size, reference64 - lab.table64[picked], logits, tag)
+    stretch = reference.stretch
+    checks.append(_stretch(config, reference, sessions, fmt, block_size, codes[at[stretch]],
+                           scales and scales[at[stretch]], tag))
+    checks += _figures(config, reference, sessions, fmt, block_size, decoded64 - reference.table64[picked], logits, tag)
     return checks
 
 
-def _stretch(lab, fmt, block_size, codes, scales, tag):
+def _neighbors_at(config, reference, sessions, fmt, block_size, factor=None):
+    """The session of the cosine neighbors graph on the table stored in `fmt` (with the stretched row times
+    `factor`, if given, re-quantized alone), built once."""
+    name = f"neighbors_cosine@{fmt}-{block_size}" + (f"x{factor:g}" if factor else "")
+    if name not in sessions.runners:
+        table = sessions.stored(reference.table32, fmt, block_size)
+        if factor:
+            table = table.with_row(reference.stretch, reference.table32[reference.stretch] * np.float32(factor))
+        return sessions.runner(name, graphs.neighbors(table, "cosine", fmt=fmt, block_size=block_size))
+    return sessions.runners[name]
+
+
+def _stretch(config, reference, sessions, fmt, block_size, codes, scales, tag):
     """A power-of-two stretch of one row: the stored row scales exactly (int8 / int4: the scales absorb it, the codes
-    stay), so the cosine neighbour list the graph gives is unchanged. `codes`, `scales`: that row as quantized."""
-    token, factor = lab.stretch, 2.0 ** max(1, int(np.log2(lab.factor)))
-    row = [v * factor for v in lab.table[token]]
-    new_codes, new_scales = embed.quantize([row], fmt, block_size)
+    stay), so the cosine neighbor list the graph gives is unchanged. `codes`, `scales`: that row as quantized."""
+    token, factor = reference.stretch, 2.0 ** max(1, int(np.log2(reference.factor)))
+    row = [v * factor for v in reference.table[token]]
+    new_codes, new_scales = reference.embed.quantize([row], fmt, block_size)
     if scales is None:
         moved = new_codes[0] != [c * factor for c in codes]
     else:
         moved = new_codes[0] != codes or new_scales[0] != [s * factor for s in scales]
-    before, after = lab.neighbors_at(fmt, block_size), lab.neighbors_at(fmt, block_size, factor)
-    feeds = {"ids": [lab.query], "k": [lab.k]}
+    before = _neighbors_at(config, reference, sessions, fmt, block_size)
+    after = _neighbors_at(config, reference, sessions, fmt, block_size, factor)
+    feeds = {"ids": [config.query], "k": [config.k]}
     a, b = before.run(feeds)["indices"][0].tolist(), after.run(feeds)["indices"][0].tolist()
     what = "codes unchanged, scales x" if scales is not None else "codes x"
     return Check("stretch", f"neighbors@{tag}", not moved and a == b,
-                 f"row {token} x{factor:g}: {what}{factor:g} exactly: {not moved}; cosine top {lab.k} of token "
-                 f"{lab.query} unchanged: {a == b}", None, None, {"before": a, "after": b})
+                 f"row {token} x{factor:g}: {what}{factor:g} exactly: {not moved}; cosine top {config.k} of token "
+                 f"{config.query} unchanged: {a == b}", None, None, {"before": a, "after": b})
 
 
-def _figures(lab, fmt, block_size, value_errors, logits, tag):
-    """What the format does to the lab's answers: neighbour lists against float32's, and the head's logits."""
-    rng = np.random.default_rng(lab.seed)
-    queries = rng.choice(lab.vocab, size=min(QUERIES, lab.vocab), replace=False)
-    k = min(lab.k, lab.vocab - 1)
+def _figures(config, reference, sessions, fmt, block_size, value_errors, logits, tag):
+    """What the format does to the lab's answers: neighbor lists against float32's, and the head's logits."""
+    rng = np.random.default_rng(config.seed)
+    queries = rng.choice(config.vocab, size=min(QUERIES, config.vocab), replace=False)
+    k = min(config.k, config.vocab - 1)
     feeds = {"ids": queries, "k": [k]}
-    base = lab.memo(("figures", "neighbors", k),  # the float32 graph the float32 checks ran, once for every format
-                    lambda: lab.runner("neighbors_cosine").run(feeds)["indices"])
-    here = lab.neighbors_at(fmt, block_size).run(feeds)["indices"]
+    base = sessions.cached(("figures", "neighbors", k),  # the float32 graph the float32 checks ran, once for all
+                           lambda: sessions.runner("neighbors_cosine").run(feeds)["indices"])
+    here = sessions.runners[f"neighbors_cosine@{fmt}-{block_size}"].run(feeds)["indices"]
     overlap = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(base.tolist(), here.tolist())])) if k else 1.0
-    full = lab.memo(("figures", "logits"), lambda: lab.runner("tied_logits").run(
-        {"ids": [lab.ids[:1]], "hidden": [lab.hidden]})["logits"][0])
+    full = sessions.cached(("figures", "logits"), lambda: sessions.runner("tied_logits").run(
+        {"ids": [list(config.ids[:1])], "hidden": [reference.hidden]})["logits"][0])
     error = float(np.max(np.abs(logits.astype(np.float64) - full)))
     scale = float(np.max(np.abs(full)))
     table_error = float(np.max(np.abs(value_errors)))

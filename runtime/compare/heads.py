@@ -1,53 +1,52 @@
-"""Output heads: tied and untied logits against embed.logits, tables in the file and in onnxruntime's memory,
-and a hidden vector's own score (tied head), before and after a row is stretched."""
+"""Output heads: tied and untied logits against embed.logits, tables in the file and in a session's memory, and a
+hidden vector's own score (tied head), before and after a row is stretched."""
 import numpy as np
 
-import embed
 import graphs
-from runtime.compare.bounds import Check, within
+from runtime.compare.bounds import Check, dot_bound, dot_bounds, within
 from runtime.resident import copies_held, prepacked_copies
 
 
 def vocab_width_tensors(model, vocab, width):
+    """Initializers holding a vocab x width table, either way round: the one rule for "a table" in compare."""
     return [t.name for t in model.graph.initializer if sorted(t.dims) == sorted([vocab, width])]
 
 
-def _head_check(lab, tied):
+def _head_check(config, reference, sessions, tied):
     name = "tied_logits" if tied else "untied_logits"
-    model = lab.model(name)
+    vocab, width = config.vocab, config.width
     want_tables = 1 if tied else 2
-    in_file = vocab_width_tensors(model, lab.vocab, lab.width)
-    optimized = lab.optimized(name)
-    in_memory = vocab_width_tensors(optimized, lab.vocab, lab.width)
+    in_file = vocab_width_tensors(sessions.model(name), vocab, width)
+    optimized = sessions.optimized(name)
+    in_memory = vocab_width_tensors(optimized, vocab, width)
     held = copies_held(in_memory, optimized, prepacked_copies(optimized), prepacking=True)  # onnxruntime's defaults
-    logits = lab.runner(name).run({"ids": [lab.ids[:1]], "hidden": [lab.hidden]})["logits"][0]  # (4, vocab)
+    logits = sessions.runner(name).run({"ids": [list(config.ids[:1])],
+                                        "hidden": [reference.hidden]})["logits"][0]  # (4, vocab)
     if tied:
-        lab.progress(f"embed.logits over the table for {len(lab.hidden)} hidden vectors")
-        exact = [embed.logits(lab.table, h) for h in lab.hidden]
-        bound = [lab.dot_bound(lab.table, h) for h in lab.hidden]
+        exact, bound = reference.hidden_logits(), dot_bounds(reference.abs64(), reference.hidden, absolute=True)
     else:
-        exact, bound = lab.head_reference()
+        exact, bound = reference.head_logits()
     ok_values, diff, worst = within(logits, exact, bound)
-    values = len(in_file) * lab.vocab * lab.width
+    values = len(in_file) * vocab * width
     ok = ok_values and len(in_file) == len(in_memory) == held == want_tables and \
-        values == embed.param_count(lab.vocab, lab.width, tied=tied)
+        values == reference.embed.param_count(vocab, width, tied=tied)
     return [Check("head", name, ok,
                   f"{len(in_file)} vocab x width tensor(s) in the file {in_file}, {len(in_memory)} in onnxruntime's "
                   f"optimized model, {held} held by a session under its default SessionOptions, prepacked copies "
                   f"counted (want {want_tables}); {values} values == param_count(tied={tied}); logits vs "
-                  f"embed.logits({'table' if tied else 'head'}, hidden) for {len(lab.hidden)} hidden vectors, "
+                  f"embed.logits({'table' if tied else 'head'}, hidden) for {len(reference.hidden)} hidden vectors, "
                   f"worst diff/bound {worst:.2f}",
                   diff, float(np.max(bound)),
                   {"tables_in_file": in_file, "tables_in_memory": in_memory, "tables_held": held, "worst_ratio": worst,
                    "bound": "gamma_w * sum|a_i b_i| per logit"})]
 
 
-def check_tied(lab):
-    return _head_check(lab, tied=True)
+def check_tied(config, reference, sessions):
+    return _head_check(config, reference, sessions, tied=True)
 
 
-def check_untied(lab):
-    return _head_check(lab, tied=False)
+def check_untied(config, reference, sessions):
+    return _head_check(config, reference, sessions, tied=False)
 
 
 def _argmax_ok(graph_logits, exact, bounds):
@@ -56,26 +55,24 @@ def _argmax_ok(graph_logits, exact, bounds):
     return g, w, g == w or abs(exact[g] - exact[w]) <= bounds[g] + bounds[w]
 
 
-def check_self_score(lab):
-    runner = lab.runner("tied_logits")
-    embeddings = runner.run({"ids": [lab.ids], "hidden": [[lab.table[0]] * len(lab.ids)]})["embeddings"]
-    logits = runner.run({"ids": [lab.ids], "hidden": embeddings})["logits"][0]
+def check_self_score(config, reference, sessions):
+    ids, table = list(config.ids), reference.table
+    runner = sessions.runner("tied_logits")
+    embeddings = runner.run({"ids": [ids], "hidden": [[table[0]] * len(ids)]})["embeddings"]
+    logits = runner.run({"ids": [ids], "hidden": embeddings})["logits"][0]
     own_top, agree = 0, True
-    lab.progress(f"embed.logits for hidden = the row of each of {len(lab.ids)} ids")
-    for position, token in enumerate(lab.ids):
-        row = lab.table[token]
-        exact = lab.logits(lab.table, token)
-        g, w, ok = _argmax_ok(logits[position], exact, lab.dot_bound(lab.table, row))
+    for position, token in enumerate(ids):
+        g, w, ok = _argmax_ok(logits[position], reference.logits(token), dot_bound(reference, table[token]))
         own_top += g == token
         agree &= ok
     checks = [Check("self_score", "tied_logits", agree,
                     f"hidden = the embedding of each id: own score is the top logit for {own_top} of "
-                    f"{len(lab.ids)} ids; the graph's top token agrees with embed.logits for all: {agree}")]
-    q, s = lab.query, lab.stretch
-    scores = lab.logits(lab.table, q)  # hidden = token q's own row
-    needed = lab.lead(beat_query=True)
-    factor = lab.factor if lab.user_factor else needed
-    own_first = max(range(lab.vocab), key=lambda t: (scores[t], -t)) == q
+                    f"{len(ids)} ids; the graph's top token agrees with embed.logits for all: {agree}")]
+    q, s = config.query, reference.stretch
+    scores = reference.logits(q)  # hidden = token q's own row
+    needed = reference.lead(beat_query=True)
+    factor = reference.factor if reference.user_factor else needed
+    own_first = max(range(config.vocab), key=lambda t: (scores[t], -t)) == q
     if needed is None or not own_first or factor * scores[s] <= max(v for t, v in enumerate(scores) if t != s):
         reason = (f"token {s} points away from token {q}" if needed is None else
                   f"token {q}'s own score is not its top logit to begin with" if not own_first else
@@ -83,10 +80,9 @@ def check_self_score(lab):
         checks.append(Check("self_score", "tied_logits", None, f"stretching row {s} to top token {q}'s logits: "
                             f"{reason}; the claim does not apply"))
         return checks
-    stretched = lab.stretched(factor)
-    logits = lab.runner(f"tied_logits_x{factor:g}", graphs.tied_logits(lab.stretched32(stretched))).run(
-        {"ids": [[q]], "hidden": [[lab.table[q]]]})["logits"][0, 0]
-    g, w, ok = _argmax_ok(logits, lab.logits(stretched, q), lab.dot_bound(stretched, lab.table[q]))
+    logits = sessions.runner(f"tied_logits_x{factor:g}", graphs.tied_logits(reference.at32(factor))).run(
+        {"ids": [[q]], "hidden": [[table[q]]]})["logits"][0, 0]
+    g, w, ok = _argmax_ok(logits, reference.logits(q, factor), dot_bound(reference, table[q], factor))
     checks.append(Check("self_score", "tied_logits", ok and g == s,
                         f"row {s} x{factor:g}: for hidden = row {q}, the top logit moves from {q} (its own) to {g} "
                         f"(reference {w})", None, None, {"token": s, "factor": factor, "top": g}))

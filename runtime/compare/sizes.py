@@ -5,7 +5,6 @@ import os
 import onnx
 from onnx import TensorProto
 
-import embed
 import graphs
 from graphs.storage import data_path
 from runtime.compare.bounds import Check
@@ -29,42 +28,51 @@ def saved_bytes(path, table_dims=None):
     return tensors, files
 
 
-def check_sizes(lab):
-    """Tied and untied heads at vocab V and the tied head at 2V, built by graphs and saved as graphs.save writes
-    them: untying adds one table, doubling the vocabulary adds its rows. `lab` needs only vocab, width, seed,
-    folder and progress, so this check can run in the second process."""
-    table_bytes = 4 * lab.vocab * lab.width
-    lab.progress(f"sizes: tied and untied at vocab {lab.vocab} and {2 * lab.vocab}, saved to disk")
+def measure_sizes(vocab, width, seed, folder):
+    """{(vocab, tied): (values in vocab x width tables, table bytes, file bytes)} for the tied and untied heads at
+    `vocab` and the tied head at 2 vocab, built by graphs and saved as graphs.save writes them. It needs nothing
+    from the reference, so it runs in the second process while the rest of compare works."""
     sizes = {}
-    doubled = graphs.make_table(2 * lab.vocab, lab.width, lab.seed)
-    head = graphs.make_table(lab.vocab, lab.width, lab.seed + 1)
-    for vocab in (lab.vocab, 2 * lab.vocab):
-        table = doubled[:vocab]  # a row never depends on the vocabulary size
-        for tied in (True, False) if vocab == lab.vocab else (True,):  # an untied 2V model would add nothing
+    doubled = graphs.make_table(2 * vocab, width, seed)
+    head = graphs.make_table(vocab, width, seed + 1)
+    for rows in (vocab, 2 * vocab):
+        table = doubled[:rows]  # a row never depends on the vocabulary size
+        for tied in (True, False) if rows == vocab else (True,):  # an untied 2V model would add nothing
             model = graphs.tied_logits(table) if tied else graphs.untied_logits(table, head)
-            counted = sum(math.prod(t.dims) for t in model.graph.initializer if list(t.dims) == [vocab, lab.width])
-            path = os.path.join(lab.folder, f"sizes_{vocab}_{'tied' if tied else 'untied'}.onnx")
+            counted = sum(math.prod(t.dims) for t in model.graph.initializer if list(t.dims) == [rows, width])
+            path = os.path.join(folder, f"sizes_{rows}_{'tied' if tied else 'untied'}.onnx")
             graphs.save(model, path, overwrite=True, check=False)  # the builders checked these models
-            sizes[vocab, tied] = (counted, *saved_bytes(path, [vocab, lab.width]))
+            sizes[rows, tied] = (counted, *saved_bytes(path, [rows, width]))
             del model
+    return sizes
+
+
+def check_sizes(config, reference, sessions):
+    """Untying adds one table, doubling the vocabulary adds its rows: values against embed.param_count, bytes on disk
+    split into table data and layout."""
+    vocab, width = config.vocab, config.width
+    table_bytes = 4 * vocab * width
+    sizes = sessions.sizes()
     checks = []
-    for label, (a, b), claim in (("untied - tied", ((lab.vocab, True), (lab.vocab, False)), "a second table"),
-                                 ("tied, vocab x2", ((lab.vocab, True), (2 * lab.vocab, True)), "the added rows")):
+    for label, (a, b), claim in (("untied - tied", ((vocab, True), (vocab, False)), "a second table"),
+                                 ("tied, vocab x2", ((vocab, True), (2 * vocab, True)), "the added rows")):
         extra_values = sizes[b][0] - sizes[a][0]
         extra_tensor, extra_layout = sizes[b][1] - sizes[a][1], (sizes[b][2] - sizes[b][1]) - (sizes[a][2] - sizes[a][1])
-        ok = extra_values == lab.vocab * lab.width and extra_tensor == table_bytes
+        ok = extra_values == vocab * width and extra_tensor == table_bytes
         checks.append(Check("sizes", "tied/untied", ok,
-                            f"{label}: +{extra_values} values, tensor data +{extra_tensor} bytes = {claim} "
-                            f"({table_bytes} bytes); layout (names, docs, shape constants, framing, alignment) {extra_layout:+d} bytes, "
-                            f"on disk +{sizes[b][2] - sizes[a][2]} bytes",
+                            f"{label}: +{extra_values} values, table data +{extra_tensor} bytes = {claim} "
+                            f"({table_bytes} bytes); layout (names, docs, shape constants, framing, alignment) "
+                            f"{extra_layout:+d} bytes, on disk +{sizes[b][2] - sizes[a][2]} bytes",
                             float(abs(extra_tensor - table_bytes)), 0.0,
                             {"tensor_bytes": extra_tensor, "layout_bytes": extra_layout,
                              "file_bytes": sizes[b][2] - sizes[a][2]}))
-    expected = {(v, t): embed.param_count(v, lab.width, tied=t) for v, t in sizes}
-    ok = all(sizes[key][0] == expected[key] for key in sizes)
+    expected = {(v, t): reference.embed.param_count(v, width, tied=t) for v, t in sizes}
+    bad = sum(sizes[key][0] != expected[key] for key in sizes)
     listing = ", ".join(f"V={v} {'tied' if t else 'untied'} {sizes[v, t][0]} values/{sizes[v, t][1]} B tables/"
                         f"{sizes[v, t][2]} B files" for v, t in sorted(sizes, key=lambda key: (key[0], not key[1])))
-    checks.insert(0, Check("sizes", "tied/untied", ok, f"values held == embed.param_count: {listing}", None, None,
+    checks.insert(0, Check("sizes", "tied/untied", bad == 0,
+                           f"values held == embed.param_count ({bad} of {len(sizes)} models differ): {listing}",
+                           float(bad), 0.0,
                            {f"{v}_{'tied' if t else 'untied'}": {"values": sizes[v, t][0], "tensor_bytes": sizes[v, t][1],
                                                                  "file_bytes": sizes[v, t][2]} for v, t in sizes}))
     return checks

@@ -8,10 +8,8 @@ import onnx
 from onnx import helper
 
 from runtime.inspect.reading import load
+from runtime.compare.bounds import gamma
 from runtime.runner import Runner
-
-U = 2.0**-24
-
 
 BATCH, SEQUENCE, PAST = 1, 3, 4  # symbolic dims, resolved once for every input (GroupQueryAttention wants batch 1 with a past)
 
@@ -86,7 +84,7 @@ def _head_bound(hidden, table, chunk=1 << 24):
     rows = max(1, chunk // (8 * width))
     sums = np.concatenate([h @ np.abs(table[i:i + rows].astype(np.float64)).T for i in range(0, len(table), rows)],
                           axis=-1)
-    return 2 * width * U / (1 - width * U) * sums
+    return 2 * gamma(width) * sums
 
 
 def prove(job):

@@ -1,0 +1,94 @@
+"""What one compare run is asked: the command line, checked once, as a frozen Config."""
+import dataclasses
+import os
+
+import embed
+import graphs
+from embed import OneLineParser
+
+MAX_VALUES = 2**26  # the reference is pure Python: 67M values is minutes of it
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One run's settings. `stretch` and `factor` are what the user asked (None: the Reference picks them)."""
+    vocab: int = 4096
+    width: int = 96
+    seed: int = 0
+    ids: tuple = (3, 3, 17)
+    query: int = 0
+    k: int = 8
+    stretch: int | None = None
+    factor: float | None = None
+    formats: tuple = embed.FORMATS
+    block_size: int = 32
+    json: str | None = None
+    export: str | None = None
+
+    def block_for(self, fmt):
+        """The block size `fmt` is stored with: --block-size for int8 / int4, None for the float formats."""
+        return self.block_size if fmt in ("int8", "int4") else None
+
+    def as_dict(self):
+        return {"vocab_size": self.vocab, "width": self.width, "seed": self.seed, "ids": list(self.ids),
+                "query": self.query, "k": self.k, "formats": list(self.formats), "block_size": self.block_size}
+
+
+def parser(description=""):
+    p = OneLineParser(prog="python -m runtime.compare", description=description,
+                      epilog="Above 4M table values the command re-runs itself once with glibc's malloc on huge pages "
+                             "(GLIBC_TUNABLES=glibc.malloc.hugetlb=1): far fewer page faults for the same work.")
+    add = p.add_argument
+    add("--vocab-size", type=int, default=4096, help="rows in the table (default 4096)")
+    add("--width", type=int, default=96, help="values per row (default 96; sqrt(96) is not a float32)")
+    add("--seed", type=int, default=0, help="table seed; the untied head uses seed+1, hidden vectors seed+2")
+    add("--ids", type=embed.parse_ids, default=[3, 3, 17], help="ids to look up (default 3,3,17)")
+    add("--query", type=int, default=0, help="token whose neighbours are checked (default 0)")
+    add("--k", type=int, default=8, help="neighbours to list (default 8)")
+    add("--stretch", type=int, help="token whose row is stretched (default: the query's best dot neighbour "
+                                    "that does not already lead)")
+    add("--factor", type=float, help="stretch factor (default: the smallest power of two that makes it lead)")
+    add("--format", default="all", metavar="FMT[,FMT...]",
+        help=f"formats to check besides float32: 'all' (default) or a comma list of {', '.join(embed.FORMATS)}")
+    add("--block-size", type=int, default=32,
+        help="int8 / int4: columns per scale (default 32; int4 lookups need a power of two >= 16)")
+    add("--json", metavar="PATH|-", help="write the results as JSON ('-': standard output, the report to stderr)")
+    add("--export", metavar="DIR", help="also write the seven graphs there (never overwrites)")
+    return p
+
+
+def parse(argv=None, description=""):
+    """The Config for `argv`, every value checked; a bad one raises UsageError (embed.OneLineParser's) with one
+    line naming it."""
+    p = parser(description)
+    args = p.parse_args(argv)
+    try:
+        embed.param_count(args.vocab_size, args.width)
+        if args.vocab_size < 2:
+            raise ValueError(f"--vocab-size must be >= 2, got {args.vocab_size}")
+        if args.vocab_size * args.width > MAX_VALUES:
+            raise ValueError(f"--vocab-size x --width must be <= {MAX_VALUES} (the reference is pure Python)")
+        if not args.ids:
+            raise ValueError("--ids needs at least one id")
+        embed.check_ids(args.ids + [args.query] + ([args.stretch] if args.stretch is not None else []),
+                        args.vocab_size)
+        embed.check_int("k", args.k, 0)
+        if args.factor is not None:
+            embed.check_factor(args.factor)
+        if args.stretch == args.query:
+            raise ValueError(f"--stretch {args.stretch} is the query itself; pick another token")
+        formats = embed.FORMATS if args.format == "all" else tuple(dict.fromkeys(args.format.split(",")))
+        for fmt in formats:
+            graphs.precision.check_graph_format(fmt, args.block_size if fmt in ("int8", "int4") else None,
+                                                args.width)
+        if args.export and os.path.exists(args.export) and not os.path.isdir(args.export):
+            raise ValueError(f"--export {args.export} exists and is not a folder")
+        if args.export:
+            taken = [name for name in graphs.export.FILES if os.path.lexists(os.path.join(args.export, name))]
+            if taken:
+                raise ValueError(f"--export: {os.path.join(args.export, taken[0])} exists; refusing to overwrite")
+    except (TypeError, ValueError, IndexError) as e:
+        p.error(str(e))
+    return Config(vocab=args.vocab_size, width=args.width, seed=args.seed, ids=tuple(args.ids), query=args.query,
+                  k=args.k, stretch=args.stretch, factor=args.factor, formats=formats, block_size=args.block_size,
+                  json=args.json, export=args.export)

@@ -1,0 +1,67 @@
+"""The second process compare works in, behind one interface: submit(key, ...) now, result(key) when needed.
+
+A one-worker ProcessPoolExecutor from a forkserver (forking a process whose onnxruntime threads may hold locks
+can leave the child waiting forever). A task nobody has started by the time it is asked for is taken back and
+computed here; while a started one runs, this process takes the last tasks still waiting (they are needed
+later), so neither process idles. No check sees any of this: the Reference and the Sessions ask it.
+"""
+import multiprocessing
+from concurrent.futures import CancelledError, ProcessPoolExecutor
+
+
+def quiet(stage):
+    """No progress lines."""
+
+
+class Pool:
+    """Tasks keyed by name: submitted to the second process, answered from it or, if it had not started them,
+    computed here by the `local` function given with each."""
+
+    def __init__(self, enabled=True):
+        context = multiprocessing.get_context("forkserver")
+        self._executor = ProcessPoolExecutor(max_workers=1, mp_context=context) if enabled else None
+        self._futures, self._local, self._done = {}, {}, {}
+
+    def submit(self, key, function, args, local):
+        """Start function(*args) in the second process (module-level, picklable); `local()` computes the same here."""
+        self._local[key] = local
+        if self._executor is None:
+            return
+        self._futures[key] = self._executor.submit(function, *args)
+
+    @property
+    def enabled(self):
+        """Whether tasks go to a second process (else each is computed here when asked)."""
+        return self._executor is not None
+
+    def __contains__(self, key):
+        return key in self._local
+
+    def result(self, key, progress=quiet):
+        """The task's answer: taken back and computed here if the second process had not started it."""
+        if key in self._done:
+            return self._done.pop(key)
+        future = self._futures.pop(key, None)
+        if future is None or future.cancel():
+            return self._local.pop(key)()
+        while not future.done():  # meanwhile, the last task still waiting is work this process would do later
+            waiting = next((k for k in reversed(list(self._futures)) if self._futures[k].cancel()), None)
+            if waiting is None:
+                break
+            del self._futures[waiting]
+            progress(f"{waiting[0]} here, while the second process works")
+            self._done[waiting] = self._local.pop(waiting)()
+        progress(f"waiting for {key[0]} (second process)")
+        try:
+            return future.result()
+        except CancelledError:  # pragma: no cover - a cancelled future is never waited on
+            return self._local.pop(key)()
+
+    def close(self):
+        """Stop the second process and drop what it had not done; safe to call twice."""
+        if self._executor is not None:
+            # a failed run must not leave the worker computing: end it (the executor has no public kill before 3.14)
+            for process in list(getattr(self._executor, "_processes", {}).values()):
+                process.terminate()
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
