@@ -52,8 +52,8 @@ def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, 
            block_size=None):
     """Assemble, tag and check a model; `tables` is how many vocab x width tensors it holds.
 
-    The graph is filled in place rather than through make_graph/make_model, which copy their
-    arguments by serializing them and so fail for a tensor of 2 GiB or more.
+    make_graph/make_model get the nodes and values only; the initializers are filled in afterwards, in place,
+    since those helpers copy what they are given by serializing it, which fails for a tensor of 2 GiB or more.
     """
     model = helper.make_model(helper.make_graph(nodes, graph_name, inputs, outputs, doc_string=doc,
                                                 value_info=value_info),

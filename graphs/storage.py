@@ -27,14 +27,21 @@ def _size(tensor):
     return tensor.ByteSize()
 
 
-_PACKED = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1}  # two values a byte
+# Bits per element of each ONNX type with a fixed size (4-bit types pack two values a byte).
+BITS = {
+    onnx.TensorProto.FLOAT: 32, onnx.TensorProto.UINT8: 8, onnx.TensorProto.INT8: 8, onnx.TensorProto.UINT16: 16,
+    onnx.TensorProto.INT16: 16, onnx.TensorProto.INT32: 32, onnx.TensorProto.INT64: 64, onnx.TensorProto.BOOL: 8,
+    onnx.TensorProto.FLOAT16: 16, onnx.TensorProto.DOUBLE: 64, onnx.TensorProto.UINT32: 32, onnx.TensorProto.UINT64: 64,
+    onnx.TensorProto.COMPLEX64: 64, onnx.TensorProto.COMPLEX128: 128, onnx.TensorProto.BFLOAT16: 16,
+    onnx.TensorProto.FLOAT8E4M3FN: 8, onnx.TensorProto.FLOAT8E4M3FNUZ: 8, onnx.TensorProto.FLOAT8E5M2: 8,
+    onnx.TensorProto.FLOAT8E5M2FNUZ: 8, onnx.TensorProto.FLOAT8E8M0: 8,
+    onnx.TensorProto.UINT4: 4, onnx.TensorProto.INT4: 4, onnx.TensorProto.FLOAT4E2M1: 4,  # two codes a byte
+}
 
 
 def raw_bytes(data_type, dims):
     """Bytes of raw data a tensor of this type and dims holds (4-bit types pack two values a byte)."""
-    if data_type in _PACKED:
-        return (math.prod(dims) + 1) // 2
-    return math.prod(dims) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize
+    return (math.prod(dims) * BITS[data_type] + 7) // 8
 
 
 def fits_inline(model):

@@ -44,8 +44,7 @@ def write_optimized_model(model, path, prepacked=False):
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     if prepacked:
         options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
-    ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    open_session(model, options)
 
 
 def optimized_model(model, folder, name="optimized.onnx"):
@@ -93,13 +92,9 @@ class Runner:
         if data_folder is not None:
             options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                              os.fspath(data_folder))
-        if isinstance(model, onnx.ModelProto):
-            proto, source = model, model.SerializeToString()
-        else:
-            path = os.fspath(model)
-            proto, source = onnx.load(path, load_external_data=False), path
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load(os.fspath(model), load_external_data=False)
         self.vocab_size = vocab_size_of(proto)
-        self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        self.session = open_session(model, options)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self._input_types = {i.name: i.type for i in self.session.get_inputs()}
         self._input_shapes = {i.name: i.shape for i in self.session.get_inputs()}
@@ -180,22 +175,36 @@ class Runner:
     def _bound(self, feeds, names, arrays):
         """Run with `feeds` bound in place and outputs written into `arrays` {name: array} (the others allocated
         by onnxruntime); a run that fails (typically a shape unlike this run's output) is a one-line ValueError."""
-        binding = self.session.io_binding()
         inputs = {name: np.ascontiguousarray(value) for name, value in feeds.items()}  # held: the binding points in
-        for name, value in inputs.items():
-            binding.bind_cpu_input(name, value)
-        for name in names:
-            if name in arrays:
-                array = arrays[name]
-                binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
-            else:
-                binding.bind_output(name, "cpu")
+        binding = bind(self.session, inputs, names, arrays)
         try:
             self.session.run_with_iobinding(binding)
         except Exception as e:
             raise ValueError(f"run into out= failed: {str(e).splitlines()[0]}") from None
         produced = binding.get_outputs() if set(names) - set(arrays) else None
         return {name: arrays[name] if name in arrays else produced[i].numpy() for i, name in enumerate(names)}
+
+
+def open_session(model, options=None):
+    """An onnxruntime CPU session on a ModelProto or a path, with the lab's settings unless `options` are given."""
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
+    return ort.InferenceSession(source, options or session_options(), providers=["CPUExecutionProvider"])
+
+
+def bind(session, inputs, names, arrays):
+    """An IOBinding of `session` with `inputs` {name: C-contiguous array} bound in place and each output of `names`
+    bound to its array in `arrays`, or left to onnxruntime to allocate. The arrays must outlive the binding:
+    onnxruntime holds raw pointers into them."""
+    binding = session.io_binding()
+    for name, value in inputs.items():
+        binding.bind_cpu_input(name, value)
+    for name in names:
+        if name in arrays:
+            array = arrays[name]
+            binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        else:
+            binding.bind_output(name, "cpu")
+    return binding
 
 
 def run(model, feeds):

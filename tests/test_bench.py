@@ -1,6 +1,5 @@
 """runtime.bench's pieces at toy sizes: they run and report consistent figures. No timing is asserted here."""
 import json
-import math
 
 import numpy as np
 
@@ -31,12 +30,9 @@ def test_bench_pieces_run_and_report(tmp_path):
     results["format_memory"] = bench.bench_format_memory([(256, 32)], str(tmp_path))
     results["floor"] = bench.bench_floor(0.005)
     row = results["lookups"][0]
-    assert row["onehot_multiplications"] == 8 * 64 * bench.WIDTH
-    assert math.isclose(row["gather_vs_take"], row["gather_s"] / row["take_s"])
+    assert row["onehot_multiplications"] == 8 * 64 * bench.WIDTH  # n x V x D, counted independently here
     assert [r["format"] for r in results["format_lookups"]] == list(embed.FORMATS)
     head = results["head"][1]
-    assert math.isclose(head["flop_per_s"], 2 * 4 * 64 * 32 / head["run_s"])
-    assert math.isclose(head["run_vs_numpy"], head["run_s"] / head["numpy_s"])
     assert head["memory"]["table_bytes"] == 64 * 32 * 4 and head["memory"]["logits_bytes"] == 4 * 64 * 4
     assert [(m["tied"], m["external"], m["arena"]) for m in results["memory"]] == [
         (True, False, False), (True, True, False), (False, False, False), (False, True, False), (True, True, True)]
@@ -48,3 +44,30 @@ def test_bench_pieces_run_and_report(tmp_path):
                     "d'. the tied head at every format", "e. per-run floor", "Runner.run(feeds) <= 1.0x"):
         assert section in text
     json.dumps(results)  # everything --json writes is plain data
+
+
+def known_figures(over=None):
+    """A results dict whose figures meet every target, with `over` {(section, index, key): value} changed."""
+    results = {
+        "memory": [{"tied": True, "arena": False, "after_first_run": 1.05}, {"tied": False, "arena": False,
+                                                                          "after_first_run": 2.05}],
+        "lookups": [{"tokens": 256, "gather_vs_take": 0.2}],
+        "head": [{"vocab": 64, "width": 32, "tokens": 1, "run_vs_numpy": 0.9, "run_out_vs_numpy": 0.9,
+                  "memory": {"ratio": 1.05}}],
+        "format_lookups": [{"format": fmt, "large_vs_small": 1.1} for fmt in embed.FORMATS],
+        "format_memory": [{"format": fmt, "vocab": 64, "after_first_run": 1.05} for fmt in embed.FORMATS],
+    }
+    for (section, index, key), value in (over or {}).items():
+        results[section][index][key] = value
+    return results
+
+
+def test_targets_judge_the_figures_they_are_given():
+    assert all(met for _, met in bench.targets(known_figures()))
+    over = {("memory", 0, "after_first_run"): 1.11, ("head", 0, "run_vs_numpy"): 1.2,
+            ("format_lookups", 4, "large_vs_small"): 1.6}
+    missed = [what for what, met in bench.targets(known_figures(over)) if not met]
+    assert len(missed) == 3
+    assert missed[0].startswith("tied <= 1.10x table bytes")
+    assert missed[1].startswith("Runner.run(feeds) <= 1.0x") and "N=1: 1.20x" in missed[1]
+    assert missed[2].startswith("a lookup costs its rows") and "int4: 1.60x" in missed[2]

@@ -257,6 +257,7 @@ def test_save_inline_and_external_load_and_run(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["external.onnx", "external.onnx.data", "inline.onnx"]
 
 
+@pytest.mark.slow
 def test_save_a_2_gib_table_and_load_it(tmp_path):
     table = graphs.make_table(131072, 4096, seed=1)  # exactly 2**31 bytes: one past protobuf's limit
     assert table.nbytes == 2**31

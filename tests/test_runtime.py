@@ -1,4 +1,5 @@
 """The runner's id checks, and runtime.compare: passes on the defaults, fails on a wrong graph or reference."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -115,11 +116,63 @@ def test_compare_fails_on_a_wrong_reference_lookup(monkeypatch, capsys):
     assert [line.split("|")[1].strip() for line in failing_lines(out)] == ["lookup", "scaled"]
 
 
-def test_compare_fails_on_a_wrong_reference_logits(monkeypatch, capsys):
-    real = embed.logits
-    monkeypatch.setattr(embed, "logits", lambda table, hidden: [s * (1 + 1e-5) for s in real(table, hidden)])
-    code, out, _ = run_compare(capsys, *SMALL)
-    assert code == 1 and any("head" in line for line in failing_lines(out))
+def faulty_embed(tmp_path, name, body):
+    """embed with function `name` replaced by `body` (source text), as a module file: the Reference and the second
+    process both load it, so whichever computes an answer computes the faulty one."""
+    path = tmp_path / f"faulty_{name}.py"
+    path.write_text(f"from embed import *\nimport embed as _real\n\n\n{body}\n")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[path.stem] = module  # the name the Reference hands the second process, which loads it from its file
+    return module
+
+
+def failing(out):
+    return sorted((line.split("|")[1].strip(), line.split("|")[2].strip()) for line in failing_lines(out))
+
+
+def test_compare_fails_on_a_wrong_reference_logits(tmp_path, capsys):
+    impl = faulty_embed(tmp_path, "logits", "def logits(table, hidden):\n"
+                                            "    return [s * (1 + 1e-5) for s in _real.logits(table, hidden)]")
+    code = compare.main(SMALL, impl=impl)
+    out, _ = capsys.readouterr()
+    # the untied head's reference is computed in the second process, the tied one here: both fail
+    assert code == 1
+    assert failing(out) == sorted([("head", "tied_logits"), ("head", "untied_logits")] +
+                                  [("head", f"tied_logits@{fmt}") for fmt in ("float16", "bfloat16", "int8-b32", "int4-b32")])
+
+
+def test_compare_fails_on_a_wrong_reference_in_the_second_process(tmp_path, capsys):
+    impl = faulty_embed(tmp_path, "onehot_lookup", "def onehot_lookup(table, ids):\n"
+                                                   "    return [[v * 2 for v in row] for row in _real.onehot_lookup(table, ids)]")
+    code = compare.main(SMALL, impl=impl)
+    out, _ = capsys.readouterr()
+    assert code == 1 and failing(out) == [("onehot_lookup", "onehot_lookup")]
+    impl = faulty_embed(tmp_path, "neighbors", "def neighbors(table, token_id, k, metric='cosine'):\n"
+                                               "    return _real.neighbors(table, token_id, k, metric)[::-1]")
+    code = compare.main(SMALL, impl=impl)
+    out, _ = capsys.readouterr()
+    assert code == 1 and ("neighbors", "neighbors_cosine") in failing(out) and ("neighbors", "neighbors_dot") in failing(out)
+
+
+def test_a_failed_compare_leaves_nothing_behind(monkeypatch, tmp_path):
+    import multiprocessing
+    import tempfile
+
+    import runtime.compare.sessions
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    shared = lambda: {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+    before = shared()
+
+    def broken(*args):
+        raise RuntimeError("graph building failed")
+    monkeypatch.setattr(runtime.compare.sessions, "build_all", broken)
+    with pytest.raises(RuntimeError, match="graph building failed"):
+        compare.main(SMALL)
+    assert os.listdir(tmp_path) == []  # the scratch folder
+    assert shared() == before  # the table the second process read
+    assert multiprocessing.active_children() == []  # the second process
 
 
 def test_compare_fails_on_a_wrong_table_graph(monkeypatch, capsys):

@@ -5,64 +5,15 @@ kernel through them), twice, before and after onnxruntime is timed, and its best
 picked is read from the library numpy loaded. Memory is measured in a fresh process after N = max runs of the
 default path, with the logits it returned still held.
 """
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 from onnx import TensorProto, helper
 
-import onnxruntime as ort
-
 import graphs
+from runtime.bench.probes import child
 from runtime.bench.timing import bound_run, progress, race, session
-from runtime.runner import Runner, session_options
-
-UNSET = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # only for numpy's child: tests and CI keep the machine's
-
-_NUMPY = """
-import ctypes, glob, json, os, sys
-import numpy as np
-from graphs.table import make_table
-from runtime.bench.timing import race
-vocab, width, counts, budget, rounds = json.loads(sys.argv[1])
-table = make_table(vocab, width)
-best = {}
-for n in counts:
-    h = np.random.default_rng(n).standard_normal((n, width)).astype(np.float32)
-    out = np.empty((n, vocab), np.float32)
-    times = race({"matmul": lambda: h @ table.T, "matmul_out": lambda: np.matmul(h, table.T, out=out)}, budget, rounds)
-    best[n] = min(times.values())
-kernel = "unknown"
-for lib in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")):
-    blas = ctypes.CDLL(lib)
-    for name in ("scipy_openblas_get_corename64_", "openblas_get_corename"):
-        if hasattr(blas, name):
-            getattr(blas, name).restype = ctypes.c_char_p
-            kernel = getattr(blas, name)().decode()
-print(json.dumps({"seconds": best, "kernel": kernel}))
-"""
-
-_MEMORY = """
-import json, sys
-import numpy as np
-from runtime.bench.timing import rss
 from runtime.runner import Runner
-path, vocab, width, n = json.loads(sys.argv[1])
-feeds = {"ids": np.zeros((1, n), np.int64), "hidden": np.ones((1, n, width), np.float32)}
-before = rss()
-runner = Runner(path)
-kept = [runner.run(feeds) for _ in range(3)][-1]  # the logits a caller holds after its runs
-print(json.dumps({"grown": rss() - before, "logits_bytes": kept["logits"].nbytes}))
-"""
-
-
-def _child(script, args):
-    env = {k: v for k, v in os.environ.items() if k not in UNSET}
-    done = subprocess.run([sys.executable, "-c", script, json.dumps(args)], capture_output=True, text=True, env=env,
-                          check=True)
-    return json.loads(done.stdout)
 
 
 def bench_head(sizes, counts, budget, folder):
@@ -75,15 +26,14 @@ def bench_head(sizes, counts, budget, folder):
         graphs.save(graphs.tied_logits(graphs.make_table(vocab, width)), path, external=True, check=False)
         table_bytes = 4 * vocab * width
         progress(f"tied head {vocab} x {width}: numpy in a child process (OPENBLAS_CORETYPE, L2_SIZE unset)")
-        first = _child(_NUMPY, [vocab, width, counts, budget, rounds])
+        first = child("numpy_matmul", vocab, width, counts, budget, rounds)
         runner = Runner(path)
         # where the time goes, each at a price in memory: a second, prepacked copy of the table as the head (the
         # untied graph on the same values), and the tied model with the CPU arena on
         packed = os.path.join(folder, f"packed_{vocab}x{width}.onnx")
         graphs.save(graphs.untied_logits(graphs.make_table(vocab, width), graphs.make_table(vocab, width)), packed,
                     external=True, check=False)
-        flipped = {"packed": ort.InferenceSession(packed, session_options(), providers=["CPUExecutionProvider"]),
-                   "arena": ort.InferenceSession(path, session_options(arena=True), providers=["CPUExecutionProvider"])}
+        flipped = {"packed": session(packed), "arena": session(path, arena=True)}
         rng = np.random.default_rng(7)
         measured = {}
         for n in counts:
@@ -94,8 +44,8 @@ def bench_head(sizes, counts, budget, folder):
             for name, sess in flipped.items():  # alone: a session's pool spins after its run, slowing the next
                 measured[n].update(race({name: bound_run(sess, feeds, out)}, budget / 2, rounds))
         del runner, flipped
-        second = _child(_NUMPY, [vocab, width, counts, budget, rounds])
-        memory = _child(_MEMORY, [path, vocab, width, max(counts)])
+        second = child("numpy_matmul", vocab, width, counts, budget, rounds)
+        memory = child("head_memory", path, vocab, width, max(counts))
         for n in counts:
             numpy_s = min(first["seconds"][str(n)], second["seconds"][str(n)])
             run, run_out = measured[n]["run"], measured[n]["run_out"]

@@ -1,38 +1,16 @@
 """d: resident memory a session adds, per table byte, each model in a fresh process with the Runner's settings;
 and the tied head at every format against embed.table_bytes."""
 import os
-import subprocess
-import sys
 
 import embed
 import graphs
+from runtime.bench.probes import child
 from runtime.bench.timing import progress
-
-_PROBE = """
-import sys, time, numpy as np
-from runtime.bench.timing import rss
-from runtime.runner import Runner
-before = rss()
-runner = Runner(sys.argv[1], arena=sys.argv[3] == 'arena')
-start = rss()
-feeds = {'ids': np.zeros((1, 3), np.int64), 'hidden': np.ones((1, 64, int(sys.argv[2])), np.float32)}
-runner.run(feeds)
-after = rss() - before
-times = []
-for _ in range(3):  # after the memory figure: these runs' own allocations do not count in it
-    t = time.perf_counter()
-    runner.run(feeds)
-    times.append(time.perf_counter() - t)
-print(start - before, after, min(times))
-"""
-
 
 def _probe(path, width, arena=False):
     """(bytes at start, bytes after a 64-token run, seconds of a later run) of a fresh process's session."""
-    done = subprocess.run([sys.executable, "-c", _PROBE, path, str(width), "arena" if arena else "-"],
-                          capture_output=True, text=True, check=True)
-    start, after, seconds = done.stdout.split()
-    return int(start), int(after), float(seconds)
+    start, after, seconds = child("session_memory", path, width, arena)
+    return start, after, seconds
 
 
 def bench_memory(sizes, folder):

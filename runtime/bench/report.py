@@ -67,9 +67,9 @@ def _why(r):
     """Where a head run that is slower than numpy loses, in this run's figures."""
     table = 4 * r["vocab"] * r["width"]
     if r["tokens"] == 1:
-        return (f"one pass over the table at {table / r['run_s'] / 1e9:.1f} GB/s in MLAS's M = 1 kernel "
-                f"(SgemmKernelM1TransposeB, AVX) against {table / r['numpy_s'] / 1e9:.1f} GB/s in OpenBLAS's "
-                f"{r['kernel']} sgemv")
+        return (f"one pass over the table at {table / r['run_s'] / 1e9:.1f} GB/s in MLAS's M = 1 path (by MLAS's "
+                f"source SgemmKernelM1TransposeB, AVX; not read from this run) against "
+                f"{table / r['numpy_s'] / 1e9:.1f} GB/s in OpenBLAS's {r['kernel']} sgemv (the kernel numpy loaded)")
     flops = 2 * r["tokens"] * r["vocab"] * r["width"]
     packing = max(0.0, r["run_s"] - r["packed_copy_s"])
     return (f"MLAS's SGEMM at {flops / r['run_s'] / 1e9:.0f} GFLOP/s against OpenBLAS's {flops / r['numpy_s'] / 1e9:.0f}; "

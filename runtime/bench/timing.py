@@ -4,10 +4,9 @@ import sys
 import time
 
 import numpy as np
-import onnxruntime as ort
 
 from runtime.resident import resident
-from runtime.runner import session_options
+from runtime.runner import bind, open_session, session_options
 
 
 def progress(message):
@@ -40,18 +39,13 @@ def best_time(fn, budget):
 
 
 def session(model, prepacking=True, arena=False):
-    """An onnxruntime session on a ModelProto with the Runner's settings (one of them flipped if asked)."""
-    options = session_options(prepacking=prepacking, arena=arena)
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    """An onnxruntime session on a ModelProto or a path with the Runner's settings (one of them flipped if asked)."""
+    return open_session(model, session_options(prepacking=prepacking, arena=arena))
 
 
 def bound_run(sess, feeds, outputs):
     """A zero-copy run: inputs and preallocated outputs bound once, as a serving loop would."""
-    binding = sess.io_binding()
-    for name, value in feeds.items():
-        binding.bind_cpu_input(name, value)
-    for name, value in outputs.items():
-        binding.bind_output(name, "cpu", 0, value.dtype, value.shape, value.ctypes.data)
+    binding = bind(sess, feeds, list(outputs), outputs)
     keep = (feeds, outputs)  # onnxruntime holds raw pointers into these arrays: they must outlive the binding
     return lambda: sess.run_with_iobinding(binding) or keep
 

@@ -21,16 +21,12 @@ class Check:
     diff: float | None = None
     tolerance: float | None = None
     values: dict = field(default_factory=dict)
-
-    @property
-    def figure(self):
-        """A measured figure reported beside the checks, not a verdict."""
-        return bool(self.values.get("figure"))
+    info: bool = False  # a measured figure reported beside the checks (INFO), not a verdict
 
     def line(self):
-        status = "INFO" if self.figure else {True: "PASS", False: "FAIL", None: "N/A "}[self.passed]
+        status = "INFO" if self.info else {True: "PASS", False: "FAIL", None: "N/A "}[self.passed]
         measured = "" if self.diff is None else f" | diff {self.diff:.3g} (tolerance {self.tolerance:.3g})"
-        return f"{status} | {self.name:<16} | {self.graph:<16} | {self.detail}{measured}"
+        return f"{status} | {self.name:<13} | {self.graph:<22} | {self.detail}{measured}"
 
 
 def as64(values):

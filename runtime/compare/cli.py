@@ -122,7 +122,7 @@ def main(argv=None, description="", impl=embed):
             pool.close()
             progress.done()
     failed = sum(c.passed is False for c in checks)
-    figures = sum(c.figure for c in checks)
+    figures = sum(c.info for c in checks)
     skipped = sum(c.passed is None for c in checks) - figures
     print(f"{len(checks) - failed - skipped - figures} passed, {failed} failed, {skipped} not applicable "
           f"({figures} figures)", file=report)

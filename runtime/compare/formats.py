@@ -5,7 +5,7 @@ import numpy as np
 import graphs
 from graphs import precision
 from runtime.compare.bounds import Check, differing, dot_bounds, within
-from runtime.compare.heads import vocab_width_tensors
+from runtime.compare.sizes import vocab_width_tensors
 
 QUERIES = 64  # neighbour lists compared with float32's for this many query tokens
 ROWS = 4096  # past this vocabulary the reference quantizes a sample of rows (quantizing is row by row, so each
@@ -92,7 +92,7 @@ def _one_format(config, reference, sessions, fmt, block_size):
                         + ", ".join(f"{t} {b} bytes" for t, b in copies)
                         + (" (a float32 copy besides the codes: the head's Cast is folded into a table; the "
                            "CPU provider has no half-precision MatMul on x86)" if wider else " (the codes once)"),
-                        values={"copies": copies, "figure": True}))
+                        values={"copies": copies}, info=True))
 
     stretch = reference.stretch
     checks.append(_stretch(config, reference, sessions, fmt, block_size, codes[at[stretch]],
@@ -128,9 +128,11 @@ def _stretch(config, reference, sessions, fmt, block_size, codes, scales, tag):
     feeds = {"ids": [config.query], "k": [config.k]}
     a, b = before.run(feeds)["indices"][0].tolist(), after.run(feeds)["indices"][0].tolist()
     what = "codes unchanged, scales x" if scales is not None else "codes x"
+    changed = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
     return Check("stretch", f"neighbors@{tag}", not moved and a == b,
                  f"row {token} x{factor:g}: {what}{factor:g} exactly: {not moved}; cosine top {config.k} of token "
-                 f"{config.query} unchanged: {a == b}", None, None, {"before": a, "after": b})
+                 f"{config.query} unchanged: {a == b} ({changed} positions differ, exact list comparison)",
+                 float(changed + moved), 0.0, {"before": a, "after": b})
 
 
 def _figures(config, reference, sessions, fmt, block_size, value_errors, logits, tag):
@@ -152,5 +154,5 @@ def _figures(config, reference, sessions, fmt, block_size, value_errors, logits,
                   f"cosine top-{k} overlap with float32 over {len(queries)} queries {overlap:.1%}; largest logit "
                   f"error vs the float32 head {error:.3g} ({error / scale:.2%} of the largest |logit|); largest "
                   f"value error {table_error:.3g}",
-                  values={"figure": True, "neighbour_overlap": overlap, "logit_error": error,
-                          "logit_error_relative": error / scale, "value_error": table_error})]
+                  values={"neighbor_overlap": overlap, "logit_error": error,
+                          "logit_error_relative": error / scale, "value_error": table_error}, info=True)]

@@ -5,6 +5,7 @@ import graphs
 from graphs import precision
 from graphs.export import build_all
 from runtime.compare.pool import Pool, quiet
+from runtime.compare.sizes import measure_sizes  # the one check whose work runs in the second process
 from runtime.runner import Runner, optimized_model
 
 
@@ -16,7 +17,6 @@ class Sessions:
         self.config, self.folder, self.progress = config, folder, progress
         self.pool = pool or Pool(enabled=False)
         self.runners, self._cache = {}, {}
-        from runtime.compare.sizes import measure_sizes  # the one check whose work runs in the second process
         args = (config.vocab, config.width, config.seed, folder)
         self.pool.submit(("sizes",), measure_sizes, args, lambda: measure_sizes(*args))
 

@@ -10,15 +10,20 @@ from graphs.storage import data_path
 from runtime.compare.bounds import Check
 
 
-def saved_bytes(path, table_dims=None):
-    """(tensor data bytes, file bytes) of a saved model: tensor data read from each initializer as stored
-    (inline raw data, or the length of its external range), only of initializers of `table_dims` if given (the
-    tables, not the shape constants beside them); everything else in the files is layout (names, docs, small
-    constants, protobuf framing, alignment padding between external tensors)."""
+def vocab_width_tensors(model, vocab, width):
+    """Initializers holding a vocab x width table, either way round: the one rule for "a table" in compare."""
+    return [t.name for t in model.graph.initializer if sorted(t.dims) == sorted([vocab, width])]
+
+
+def saved_bytes(path, vocab, width):
+    """(table data bytes, file bytes) of a saved model: the bytes of each vocab x width initializer as stored
+    (inline raw data, or the length of its external range); everything else in the files is layout (names, docs,
+    small constants, protobuf framing, alignment padding between external tensors)."""
     model = onnx.load(path, load_external_data=False)
+    tables = set(vocab_width_tensors(model, vocab, width))
     tensors = 0
     for tensor in model.graph.initializer:
-        if table_dims is not None and list(tensor.dims) != list(table_dims):
+        if tensor.name not in tables:
             continue
         if tensor.data_location == TensorProto.EXTERNAL:
             tensors += int({e.key: e.value for e in tensor.external_data}["length"])
@@ -39,10 +44,11 @@ def measure_sizes(vocab, width, seed, folder):
         table = doubled[:rows]  # a row never depends on the vocabulary size
         for tied in (True, False) if rows == vocab else (True,):  # an untied 2V model would add nothing
             model = graphs.tied_logits(table) if tied else graphs.untied_logits(table, head)
-            counted = sum(math.prod(t.dims) for t in model.graph.initializer if list(t.dims) == [rows, width])
+            tables = set(vocab_width_tensors(model, rows, width))
+            counted = sum(math.prod(t.dims) for t in model.graph.initializer if t.name in tables)
             path = os.path.join(folder, f"sizes_{rows}_{'tied' if tied else 'untied'}.onnx")
             graphs.save(model, path, overwrite=True, check=False)  # the builders checked these models
-            sizes[rows, tied] = (counted, *saved_bytes(path, [rows, width]))
+            sizes[rows, tied] = (counted, *saved_bytes(path, rows, width))
             del model
     return sizes
 

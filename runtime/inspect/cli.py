@@ -6,6 +6,7 @@ import sys
 import tempfile
 
 import graphs
+from embed import OneLineParser, UsageError
 from runtime.inspect import isolated, memory
 from runtime.inspect.reading import InspectError, load
 from runtime.resident import prepacked_copies
@@ -138,11 +139,6 @@ def _json(info):
             "runtime_copies": info["runtime_copies"]}
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise InspectError(message)
-
-
 def _positive(text):
     try:
         value = float(text)
@@ -164,7 +160,7 @@ def _check_out(out, model):
 
 
 def main(argv=None):
-    parser = _Parser(prog="python -m runtime.inspect", description=DESCRIPTION, epilog=EPILOG,
+    parser = OneLineParser(prog="python -m runtime.inspect", description=DESCRIPTION, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL.onnx")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
@@ -187,6 +183,9 @@ def main(argv=None):
             else:
                 _report(info, args.model, sys.stdout)
             return retie(info["model"], info, args.retie, folder, limits, say) if args.retie else 0
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
     except InspectError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2

@@ -14,16 +14,8 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
-# Bits per element of each type this tool can size; a type not listed is a finding.
-BITS = {
-    TensorProto.FLOAT: 32, TensorProto.UINT8: 8, TensorProto.INT8: 8, TensorProto.UINT16: 16,
-    TensorProto.INT16: 16, TensorProto.INT32: 32, TensorProto.INT64: 64, TensorProto.BOOL: 8,
-    TensorProto.FLOAT16: 16, TensorProto.DOUBLE: 64, TensorProto.UINT32: 32, TensorProto.UINT64: 64,
-    TensorProto.COMPLEX64: 64, TensorProto.COMPLEX128: 128, TensorProto.BFLOAT16: 16,
-    TensorProto.FLOAT8E4M3FN: 8, TensorProto.FLOAT8E4M3FNUZ: 8, TensorProto.FLOAT8E5M2: 8,
-    TensorProto.FLOAT8E5M2FNUZ: 8, TensorProto.FLOAT8E8M0: 8,
-    TensorProto.UINT4: 4, TensorProto.INT4: 4, TensorProto.FLOAT4E2M1: 4,  # two codes a byte
-}
+from graphs.storage import BITS  # bits per element of each type that can be sized; a type not listed is a finding
+
 _MAX_ELEMENTS = 2**62  # past this a product of dims is nonsense whatever the file holds
 _SPARSE_FROM = 64 * 2**20  # below this, holes (alignment padding) are not worth a finding
 _ORT_MEMORY_MARKER = "_ORT_MEM_ADDR_"  # onnxruntime reads such a "location" from process memory

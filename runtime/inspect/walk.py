@@ -3,6 +3,7 @@ import math
 
 from onnx import TensorProto, helper
 
+from graphs.precision import format_name
 from graphs.tie import viewed_dims
 from runtime.inspect.reading import InspectError
 
@@ -117,9 +118,7 @@ def _format(tensor, bits=None):
     """One of embed.FORMATS for a stored table, or the ONNX type name; packed uint8 codes with bits=4 are int4."""
     if bits == 4 and tensor.data_type in (TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4):
         return "int4"
-    names = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16",
-             TensorProto.INT8: "int8", TensorProto.INT4: "int4"}
-    return names.get(tensor.data_type, TensorProto.DataType.Name(tensor.data_type).lower())
+    return format_name(tensor.data_type)
 
 
 def _entry(model, found, node, role, scales=None, bits=None, vocab=None, width=None):
