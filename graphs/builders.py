@@ -48,8 +48,7 @@ def _const(values, name, dtype, doc):
     return _weight(np.asarray(values, dtype=dtype), name, doc)
 
 
-def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, width, tied, tables, fmt="float32",
-           block_size=None):
+def _model(graph_name, doc, nodes, inputs, outputs, weights, *, value_info, vocab, width, tied, tables, fmt, block_size):
     """Assemble, tag and check a model; `tables` is how many vocab x width tensors it holds.
 
     make_graph/make_model get the nodes and values only; the initializers are filled in afterwards, in place,
@@ -84,32 +83,17 @@ def _model(graph_name, doc, nodes, inputs, outputs, weights, value_info, vocab, 
 
 
 def _embedding(table, tied=False, fmt="float32", block_size=None, name="embedding"):
-    """The table's initializers in `fmt`: [embedding] or [embedding, embedding_scale]."""
-    if fmt == "float32" and name == "embedding":
-        shared = "; tied: also the output head's weight (through the view 'tie_view' to FusedMatMul 'lm_head_tied')" if tied else ""
-        return [_weight(table, "embedding", "the embedding table [vocab, width]: row t is token t's vector" + shared)]
+    """The table's initializers in `fmt` (graphs.precision): [embedding] or [embedding, embedding_scale]."""
     entries = precision.initializers(table, fmt, block_size, name)
-    what = "the embedding table" + ("; tied: also the output head's weight" if tied else "")
+    what = ("the output head, a table of its own" if name == "lm_head" else
+            "the embedding table" + ("; tied: also the output head's weight, through the view 'tie_view'" if tied else ""))
     return [(n, data, dims, elem_type, f"{what}: {doc}") for n, data, dims, elem_type, doc in entries]
-
-
-def _rows(fmt, block_size, width, output="embeddings", table="embedding"):
-    """(nodes, value_info) of the lookup in `fmt`: float32 rows, only the fetched ones decoded."""
-    if fmt == "float32":
-        return [_lookup_node(output, table)], []
-    return precision.lookup_nodes(fmt, block_size, width, output, table=table)
 
 
 def _decoded(fmt, block_size, vocab, width, table="embedding"):
     """(nodes, name, value_info) of the whole table as float32, for readers of every row."""
     nodes, name = precision.table_nodes(fmt, block_size, width, table + "_float32", table)
     return nodes, name, ([_value(name, FLOAT, [vocab, width])] if nodes else [])
-
-
-def _lookup_node(output="embeddings", table="embedding"):
-    return _node("Gather", [table, "ids"], [output], "lookup",
-                 "embedding[ids]: copies one row per id, no multiplications; a negative id wraps, "
-                 "one >= vocab is an error (the runner refuses both first)", axis=0)
 
 
 IDS = ["batch", "seq"]
@@ -130,12 +114,12 @@ def gather_lookup(table, fmt="float32", block_size=None):
     """ids [batch, seq] -> embeddings [batch, seq, width] by Gather: the lookup (the table stored in `fmt`)."""
     table = _prepared(table, fmt, block_size)
     vocab, width = table.shape
-    nodes, value_info = _rows(fmt, block_size, width)
+    nodes, value_info = precision.lookup_nodes(fmt, block_size, width, "embeddings")
     return _model(
         "gather_lookup", "Token ids to vectors by pulling rows out of the table (Gather).", nodes,
         [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
-        _embedding(table, fmt=fmt, block_size=block_size), value_info, vocab, width, tied=False, tables=1,
-        fmt=fmt, block_size=block_size)
+        _embedding(table, fmt=fmt, block_size=block_size), value_info=value_info, vocab=vocab, width=width,
+        tied=False, tables=1, fmt=fmt, block_size=block_size)
 
 
 def onehot_lookup(table, fmt="float32", block_size=None):
@@ -156,8 +140,8 @@ def onehot_lookup(table, fmt="float32", block_size=None):
         "onehot_lookup", "Token ids to vectors by multiplying one-hot rows with the table (OneHot + MatMul).",
         nodes, [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
         _embedding(table, fmt=fmt, block_size=block_size) + consts,
-        decoded_info + [_value("one_hot", FLOAT, IDS + [vocab])], vocab, width, tied=False, tables=1, fmt=fmt,
-        block_size=block_size)
+        value_info=decoded_info + [_value("one_hot", FLOAT, IDS + [vocab])], vocab=vocab, width=width, tied=False,
+        tables=1, fmt=fmt, block_size=block_size)
 
 
 def _logits(table, head, tied, fmt="float32", block_size=None):
@@ -166,7 +150,7 @@ def _logits(table, head, tied, fmt="float32", block_size=None):
     plain = fmt == "float32"
     head_name = "embedding" if tied else "lm_head"
     decode, head_name, decoded_info = _decoded(fmt, block_size, vocab, width, head_name)
-    lookup, lookup_info = _rows(fmt, block_size, width)
+    lookup, lookup_info = precision.lookup_nodes(fmt, block_size, width, "embeddings")
     head_doc = ("logits = hidden @ embedding^T: the same table the lookup reads (weight tying). transB reads it in "
                 "place, so no transposed copy is made, and the [batch, seq, vocab] logits are written straight "
                 "into the output" if tied else
@@ -185,9 +169,7 @@ def _logits(table, head, tied, fmt="float32", block_size=None):
               domain="com.microsoft", transB=1),
     ]
     initializers = _embedding(table, tied, fmt, block_size) + consts
-    if not tied and plain:
-        initializers.append(_weight(head, "lm_head", "the output head [vocab, width]: a table of its own"))
-    elif not tied:
+    if not tied:
         initializers += _embedding(head, False, fmt, block_size, name="lm_head")
     name = "tied_logits" if tied else "untied_logits"
     doc = ("Lookup and output head sharing one table (weight tying): one vocab x width tensor, used twice."
@@ -196,7 +178,8 @@ def _logits(table, head, tied, fmt="float32", block_size=None):
         name, doc, nodes,
         [_value("ids", INT64, IDS), _value("hidden", FLOAT, IDS + [width])],
         [_value("embeddings", FLOAT, IDS + [width]), _value("logits", FLOAT, IDS + [vocab])],
-        initializers, value_info, vocab, width, tied=tied, tables=1 if tied else 2, fmt=fmt, block_size=block_size)
+        initializers, value_info=value_info, vocab=vocab, width=width, tied=tied, tables=1 if tied else 2, fmt=fmt,
+        block_size=block_size)
 
 
 def tied_logits(table, fmt="float32", block_size=None):
@@ -217,7 +200,7 @@ def scaled_lookup(table, fmt="float32", block_size=None):
     """ids -> embeddings * sqrt(width): the lookup the Transformer paper scales."""
     table = _prepared(table, fmt, block_size)
     vocab, width = table.shape
-    lookup, lookup_info = _rows(fmt, block_size, width, "rows")
+    lookup, lookup_info = precision.lookup_nodes(fmt, block_size, width, "rows")
     nodes = lookup + [
         _node("Mul", ["rows", "sqrt_width"], ["embeddings"], "scale",
               f"rows * sqrt({width}): every length grows sqrt(width) times, no direction changes"),
@@ -226,8 +209,9 @@ def scaled_lookup(table, fmt="float32", block_size=None):
     return _model(
         "scaled_lookup", "Lookup then multiply by sqrt(width).", nodes,
         [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
-        _embedding(table, fmt=fmt, block_size=block_size) + [scale], lookup_info + [_value("rows", FLOAT, IDS + [width])],
-        vocab, width, tied=False, tables=1, fmt=fmt, block_size=block_size)
+        _embedding(table, fmt=fmt, block_size=block_size) + [scale],
+        value_info=lookup_info + [_value("rows", FLOAT, IDS + [width])], vocab=vocab, width=width, tied=False,
+        tables=1, fmt=fmt, block_size=block_size)
 
 
 def neighbors(table, metric="cosine", fmt="float32", block_size=None):
@@ -236,7 +220,7 @@ def neighbors(table, metric="cosine", fmt="float32", block_size=None):
         raise ValueError(f"unknown metric {metric!r}: use 'cosine' or 'dot'")
     table = _prepared(table, fmt, block_size)
     vocab, width = table.shape
-    lookup, lookup_info = _rows(fmt, block_size, width, "queries")
+    lookup, lookup_info = precision.lookup_nodes(fmt, block_size, width, "queries")
     decode, decoded, decoded_info = _decoded(fmt, block_size, vocab, width)
     # the table has other readers (the queries' lookup, the norms): Gemm reads it through a view nothing copies
     view, view_consts, view_info = unfolded_view(decoded, "ids", [vocab, width], "rows_to_score", "score_")
@@ -278,5 +262,5 @@ def neighbors(table, metric="cosine", fmt="float32", block_size=None):
         f"neighbors_{metric}", f"The k tokens nearest each query by {metric}, the query itself excluded.",
         nodes, [_value("ids", INT64, ["n"]), _value("k", INT64, [1])],
         [_value("indices", INT64, ["n", "k"]), _value("scores", FLOAT, ["n", "k"])],
-        _embedding(table, fmt=fmt, block_size=block_size) + consts, value_info, vocab, width, tied=False, tables=1,
-        fmt=fmt, block_size=block_size)
+        _embedding(table, fmt=fmt, block_size=block_size) + consts, value_info=value_info, vocab=vocab, width=width,
+        tied=False, tables=1, fmt=fmt, block_size=block_size)

@@ -130,6 +130,10 @@ def pack_int4(codes):
 def initializers(table, fmt, block_size, name="embedding"):
     """[(name, data, dims, onnx type, doc)] of the table (an array, or a Stored in `fmt`) stored in `fmt`: codes,
     and float32 scales for int8/int4."""
+    if fmt == "float32":  # the values themselves: nothing to quantize, and a 2 GiB table is not copied
+        values = table.codes if isinstance(table, Stored) else table
+        return [(name, values, list(values.shape), TensorProto.FLOAT,
+                 "float32 values [vocab, width]: row t is token t's vector")]
     stored = table if isinstance(table, Stored) else store(table, fmt, block_size)
     codes, scales = stored.codes, stored.scales
     data = pack_int4(codes) if fmt == "int4" else codes
@@ -160,7 +164,8 @@ def check_graph_format(fmt, block_size, width):
 
 def lookup_nodes(fmt, block_size, width, output, ids="ids", table="embedding"):
     """(nodes, value_info) reading float32 rows `output` = decoded table[ids], decoding only those rows."""
-    doc = "embedding[ids]: copies one row per id, no multiplications (the runner refuses ids out of range first)"
+    doc = ("embedding[ids]: copies one row per id, no multiplications; a negative id wraps, one >= vocab is an error "
+           "(the runner refuses both first)")
     if fmt == "float32":
         return [helper.make_node("Gather", [table, ids], [output], name="lookup", doc_string=doc, axis=0)], []
     if fmt == "int4":

@@ -23,6 +23,10 @@ class Check:
     values: dict = field(default_factory=dict)
     info: bool = False  # a measured figure reported beside the checks (INFO), not a verdict
 
+    def __post_init__(self):
+        if self.passed is not None:
+            self.passed = bool(self.passed)  # a numpy bool is not `False`: counted by identity, it would pass
+
     def line(self):
         status = "INFO" if self.info else {True: "PASS", False: "FAIL", None: "N/A "}[self.passed]
         measured = "" if self.diff is None else f" | diff {self.diff:.3g} (tolerance {self.tolerance:.3g})"
