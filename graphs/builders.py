@@ -82,12 +82,16 @@ def _model(graph_name, doc, nodes, inputs, outputs, weights, *, value_info, voca
     return model
 
 
-def _embedding(table, tied=False, fmt="float32", block_size=None, name="embedding"):
+def _embedding(table, tied=False, fmt="float32", block_size=None, name="embedding", in_blocks=False):
     """The table's initializers in `fmt` (graphs.precision): [embedding] or [embedding, embedding_scale]."""
-    entries = precision.initializers(table, fmt, block_size, name)
+    entries = precision.initializers(table, fmt, block_size, name, in_blocks)
     what = ("the output head, a table of its own" if name == "lm_head" else
             "the embedding table" + ("; tied: also the output head's weight, through the view 'tie_view'" if tied else ""))
     return [(n, data, dims, elem_type, f"{what}: {doc}") for n, data, dims, elem_type, doc in entries]
+
+
+def _shape_consts(consts):
+    return [_const(values, name, np.int64, "a shape constant") for name, values in consts.items()]
 
 
 def _decoded(fmt, block_size, vocab, width, table="embedding"):
@@ -114,12 +118,14 @@ def gather_lookup(table, fmt="float32", block_size=None):
     """ids [batch, seq] -> embeddings [batch, seq, width] by Gather: the lookup (the table stored in `fmt`)."""
     table = _prepared(table, fmt, block_size)
     vocab, width = table.shape
-    nodes, value_info = precision.lookup_nodes(fmt, block_size, width, "embeddings")
+    in_blocks = precision.blocks(fmt, block_size, width)
+    nodes, consts, value_info = precision.lookup_nodes(fmt, block_size, width, "embeddings", in_blocks=in_blocks,
+                                                       vocab=vocab)
     return _model(
         "gather_lookup", "Token ids to vectors by pulling rows out of the table (Gather).", nodes,
         [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
-        _embedding(table, fmt=fmt, block_size=block_size), value_info=value_info, vocab=vocab, width=width,
-        tied=False, tables=1, fmt=fmt, block_size=block_size)
+        _embedding(table, fmt=fmt, block_size=block_size, in_blocks=in_blocks) + _shape_consts(consts),
+        value_info=value_info, vocab=vocab, width=width, tied=False, tables=1, fmt=fmt, block_size=block_size)
 
 
 def onehot_lookup(table, fmt="float32", block_size=None):
@@ -144,63 +150,85 @@ def onehot_lookup(table, fmt="float32", block_size=None):
         tables=1, fmt=fmt, block_size=block_size)
 
 
-def _logits(table, head, tied, fmt="float32", block_size=None):
-    """The lookup plus a head that scores `hidden` against every row of `head` (FusedMatMul with transB=1)."""
+def _logits(table, head_table, tied, fmt="float32", block_size=None, accuracy_level=4):
+    """The lookup plus a head that scores `hidden` against every row of `head`: FusedMatMul(transB=1) on the
+    float32 table (decoded first for the other formats), or MatMulNBits on int8 / int4 codes in the block layout."""
+    if accuracy_level not in precision.ACCURACY_LEVELS:
+        raise ValueError(f"accuracy_level must be one of {precision.ACCURACY_LEVELS}, got {accuracy_level!r}")
     vocab, width = table.shape
-    plain = fmt == "float32"
+    in_blocks = precision.blocks(fmt, block_size, width)
     head_name = "embedding" if tied else "lm_head"
-    decode, head_name, decoded_info = _decoded(fmt, block_size, vocab, width, head_name)
-    lookup, lookup_info = precision.lookup_nodes(fmt, block_size, width, "embeddings")
-    head_doc = ("logits = hidden @ embedding^T: the same table the lookup reads (weight tying). transB reads it in "
-                "place, so no transposed copy is made, and the [batch, seq, vocab] logits are written straight "
-                "into the output" if tied else
+    lookup, lookup_consts, value_info = precision.lookup_nodes(fmt, block_size, width, "embeddings",
+                                                               in_blocks=in_blocks, vocab=vocab)
+    consts = _shape_consts(lookup_consts)
+    head_doc = ("logits = hidden @ embedding^T: the same table the lookup reads (weight tying)" if tied else
                 "logits = hidden @ lm_head^T: a second vocab x width table, untied from the embedding")
-    value_info, consts = lookup_info + decoded_info, []
-    if tied and plain:  # weight tying: the head reads the lookup's own table, through a view nothing copies
-        view, view_consts, view_info = unfolded_view("embedding", "hidden", [vocab, width], "tied_embedding", "tie_")
-        decode, head_name = view, "tied_embedding"
-        value_info += view_info + [_value("tied_embedding", FLOAT, [vocab, width])]
-        consts = [_const(v, k, np.int64, "the tie's view: a shape constant") for k, v in view_consts.items()]
-    # FusedMatMul (onnxruntime's MatMul with transpose flags) rather than ONNX's Gemm: Gemm takes 2-D operands, so
-    # [batch, seq] needs a Reshape either side, and the one after it copies every logit when the caller gives the
-    # output buffer. MatMul(hidden, Transpose(embedding)) would be folded into a [width, vocab] copy at load.
-    nodes = lookup + decode + [
-        _node("FusedMatMul", ["hidden", head_name], ["logits"], "lm_head_tied" if tied else "lm_head", head_doc,
-              domain="com.microsoft", transB=1),
-    ]
-    initializers = _embedding(table, tied, fmt, block_size) + consts
+    if in_blocks:  # the codes as stored, at the speed of their bytes; onnxruntime prepacks them at load
+        head = [precision.head_node(fmt, block_size, width, vocab, "hidden", "logits", head_name, accuracy_level,
+                                    "lm_head_tied" if tied else "lm_head",
+                                    head_doc + f", from the {fmt} codes: MatMulNBits, accuracy_level {accuracy_level} ("
+                                    + ("float32 products of the decoded codes" if accuracy_level == 0 else
+                                       f"the hidden vector quantized to int8 per block of {block_size} too") + ")")]
+    else:
+        decode, decoded, decoded_info = _decoded(fmt, block_size, vocab, width, head_name)
+        value_info += decoded_info
+        if tied and fmt == "float32":  # weight tying: the head reads the lookup's own table, through a view nothing copies
+            decode, tie_consts, tie_info = unfolded_view("embedding", "hidden", [vocab, width], "tied_embedding", "tie_")
+            decoded = "tied_embedding"
+            value_info += tie_info + [_value("tied_embedding", FLOAT, [vocab, width])]
+            consts += [_const(v, k, np.int64, "the tie's view: a shape constant") for k, v in tie_consts.items()]
+        # FusedMatMul (onnxruntime's MatMul with transpose flags) rather than ONNX's Gemm: Gemm takes 2-D operands,
+        # so [batch, seq] needs a Reshape either side, and the one after it copies every logit when the caller gives
+        # the output buffer. MatMul(hidden, Transpose(embedding)) would be folded into a [width, vocab] copy at load.
+        head = decode + [_node("FusedMatMul", ["hidden", decoded], ["logits"], "lm_head_tied" if tied else "lm_head",
+                               head_doc + ". transB reads it in place, so no transposed copy is made, and the "
+                               "[batch, seq, vocab] logits are written straight into the output", domain="com.microsoft",
+                               transB=1)]
+    initializers = _embedding(table, tied, fmt, block_size, in_blocks=in_blocks) + consts
     if not tied:
-        initializers += _embedding(head, False, fmt, block_size, name="lm_head")
+        initializers += _embedding(head_table, False, fmt, block_size, name="lm_head", in_blocks=in_blocks)
     name = "tied_logits" if tied else "untied_logits"
     doc = ("Lookup and output head sharing one table (weight tying): one vocab x width tensor, used twice."
            if tied else "Lookup and output head with separate tables: two vocab x width tensors.")
-    return _model(
-        name, doc, nodes,
+    model = _model(
+        name, doc, lookup + head,
         [_value("ids", INT64, IDS), _value("hidden", FLOAT, IDS + [width])],
         [_value("embeddings", FLOAT, IDS + [width]), _value("logits", FLOAT, IDS + [vocab])],
         initializers, value_info=value_info, vocab=vocab, width=width, tied=tied, tables=1 if tied else 2, fmt=fmt,
         block_size=block_size)
+    if in_blocks:
+        helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
+                                       "accuracy_level": str(accuracy_level)})
+    return model
 
 
-def tied_logits(table, fmt="float32", block_size=None):
-    """ids -> embeddings and hidden -> logits, both from the one `embedding` initializer (stored in `fmt`)."""
+def tied_logits(table, fmt="float32", block_size=None, accuracy_level=4):
+    """ids -> embeddings and hidden -> logits, both from the one `embedding` initializer (stored in `fmt`).
+
+    int8 / int4 with a block that is a power of two >= 16 dividing the width: the uint8 block layout, looked up by
+    GatherBlockQuantized and scored by MatMulNBits at `accuracy_level` (4, the default and the fastest: the hidden
+    vector is quantized to int8 per block too; 0: float32 products of the decoded codes). Other blocks keep ONNX
+    INT8 / INT4 and a head that decodes the whole table with DequantizeLinear on every run."""
     table = _prepared(table, fmt, block_size)
-    return _logits(table, table, tied=True, fmt=fmt, block_size=block_size)
+    return _logits(table, table, tied=True, fmt=fmt, block_size=block_size, accuracy_level=accuracy_level)
 
 
-def untied_logits(table, head, fmt="float32", block_size=None):
-    """ids -> embeddings from `embedding`; hidden -> logits from a separate `lm_head` of the same shape."""
+def untied_logits(table, head, fmt="float32", block_size=None, accuracy_level=4):
+    """ids -> embeddings from `embedding`; hidden -> logits from a separate `lm_head` of the same shape (stored and
+    scored as tied_logits says)."""
     table, head = _prepared(table, fmt, block_size), _prepared(head, fmt, block_size, "head")
     if head.shape != table.shape:
         raise ValueError(f"head shape {head.shape} must equal the table's {table.shape}")
-    return _logits(table, head, tied=False, fmt=fmt, block_size=block_size)
+    return _logits(table, head, tied=False, fmt=fmt, block_size=block_size, accuracy_level=accuracy_level)
 
 
 def scaled_lookup(table, fmt="float32", block_size=None):
     """ids -> embeddings * sqrt(width): the lookup the Transformer paper scales."""
     table = _prepared(table, fmt, block_size)
     vocab, width = table.shape
-    lookup, lookup_info = precision.lookup_nodes(fmt, block_size, width, "rows")
+    in_blocks = precision.blocks(fmt, block_size, width)
+    lookup, lookup_consts, lookup_info = precision.lookup_nodes(fmt, block_size, width, "rows", in_blocks=in_blocks,
+                                                                vocab=vocab)
     nodes = lookup + [
         _node("Mul", ["rows", "sqrt_width"], ["embeddings"], "scale",
               f"rows * sqrt({width}): every length grows sqrt(width) times, no direction changes"),
@@ -209,7 +237,7 @@ def scaled_lookup(table, fmt="float32", block_size=None):
     return _model(
         "scaled_lookup", "Lookup then multiply by sqrt(width).", nodes,
         [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
-        _embedding(table, fmt=fmt, block_size=block_size) + [scale],
+        _embedding(table, fmt=fmt, block_size=block_size, in_blocks=in_blocks) + [scale] + _shape_consts(lookup_consts),
         value_info=lookup_info + [_value("rows", FLOAT, IDS + [width])], vocab=vocab, width=width, tied=False,
         tables=1, fmt=fmt, block_size=block_size)
 
@@ -220,7 +248,8 @@ def neighbors(table, metric="cosine", fmt="float32", block_size=None):
         raise ValueError(f"unknown metric {metric!r}: use 'cosine' or 'dot'")
     table = _prepared(table, fmt, block_size)
     vocab, width = table.shape
-    lookup, lookup_info = precision.lookup_nodes(fmt, block_size, width, "queries")
+    # the codes stay in ONNX INT8 / INT4 here: cosine reads every decoded row for the norms anyway
+    lookup, _, lookup_info = precision.lookup_nodes(fmt, block_size, width, "queries")
     decode, decoded, decoded_info = _decoded(fmt, block_size, vocab, width)
     # the table has other readers (the queries' lookup, the norms): Gemm reads it through a view nothing copies
     view, view_consts, view_info = unfolded_view(decoded, "ids", [vocab, width], "rows_to_score", "score_")

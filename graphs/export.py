@@ -3,6 +3,7 @@ import os
 import sys
 
 from embed import FORMATS, OneLineParser, run_cli  # argparse with one-line errors, exit 2
+from graphs.precision import ACCURACY_LEVELS
 from graphs.builders import gather_lookup, neighbors, onehot_lookup, scaled_lookup, tied_logits, untied_logits
 from graphs.storage import data_path, save
 from graphs.table import make_table
@@ -11,14 +12,15 @@ FILES = ["gather_lookup.onnx", "onehot_lookup.onnx", "tied_logits.onnx", "untied
          "scaled_lookup.onnx", "neighbors_cosine.onnx", "neighbors_dot.onnx"]
 
 
-def build_all(vocab_size, width, seed, fmt="float32", block_size=None):
+def build_all(vocab_size, width, seed, fmt="float32", block_size=None, accuracy_level=4):
     """{file name: model} for every graph; the table is embed.make_table(V, D, S), the untied head seed S+1, each
-    stored in `fmt` (graphs.precision)."""
+    stored in `fmt` (graphs.precision); int8 / int4 heads at `accuracy_level`."""
     table = make_table(vocab_size, width, seed)
     head = make_table(vocab_size, width, seed + 1)
     at = {} if (fmt, block_size) == ("float32", None) else {"fmt": fmt, "block_size": block_size}
-    models = [gather_lookup(table, **at), onehot_lookup(table, **at), tied_logits(table, **at),
-              untied_logits(table, head, **at), scaled_lookup(table, **at), neighbors(table, "cosine", **at),
+    level = {} if accuracy_level == 4 else {"accuracy_level": accuracy_level}
+    models = [gather_lookup(table, **at), onehot_lookup(table, **at), tied_logits(table, **at, **level),
+              untied_logits(table, head, **at, **level), scaled_lookup(table, **at), neighbors(table, "cosine", **at),
               neighbors(table, "dot", **at)]
     return dict(zip(FILES, models))
 
@@ -32,6 +34,9 @@ def main(argv=None):
     parser.add_argument("--format", default="float32", choices=FORMATS, help="how the tables are stored "
                         "(default float32)")
     parser.add_argument("--block-size", type=int, help="int8 / int4: columns per scale (default: one scale a row)")
+    parser.add_argument("--accuracy-level", type=int, choices=ACCURACY_LEVELS, default=4,
+                        help="int8 / int4 heads in the block layout (MatMulNBits): 4 (default) also quantizes the "
+                             "hidden vector to int8 per block, 0 multiplies in float32")
     parser.add_argument("--force", action="store_true", help="replace files that already exist")
     args = parser.parse_args(argv)
     if os.path.exists(args.dir) and not os.path.isdir(args.dir):
@@ -43,7 +48,7 @@ def main(argv=None):
     if taken and not args.force:
         parser.error(f"{taken[0]} exists (and {len(taken) - 1} more); use --force to replace")
     try:
-        models = build_all(args.vocab_size, args.width, args.seed, args.format, args.block_size)
+        models = build_all(args.vocab_size, args.width, args.seed, args.format, args.block_size, args.accuracy_level)
     except (TypeError, ValueError) as e:  # a block size the format cannot take
         parser.error(str(e))
     try:

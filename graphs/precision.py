@@ -7,6 +7,12 @@ the codes once, in their own ONNX type, and decode only what an op needs:
   DequantizeLinear (int8), or onnxruntime's GatherBlockQuantized (int4: ONNX's Gather does not take INT4, and
   gathering packed bytes would need a dozen bit-twiddling nodes for what this one contrib op does);
 - a head or a one-hot product needs every row, so it reads the whole table through Cast / DequantizeLinear.
+
+int8 and int4 with a block onnxruntime's quantized kernels take (a power of two >= 16 that divides the width) are
+stored instead in their uint8 block layout, [vocab, blocks, block * bits / 8], codes offset by the kernels'
+default zero point (128 / 8): GatherBlockQuantized looks rows up in it and MatMulNBits scores every row from it,
+reading the same bytes, so the head reads the codes at the speed of their bytes rather than decoding the table
+on every run (blocks(): which graphs and shapes).
 """
 from dataclasses import dataclass
 
@@ -14,10 +20,32 @@ import numpy as np
 from onnx import TensorProto, helper
 
 import embed
+from graphs.tie import unfolded_view
 
 ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16,
              "int8": TensorProto.INT8, "int4": TensorProto.INT4}
 QMAX = embed.QMAX  # the symmetric code range of each integer format, the reference's
+
+
+ZERO_POINT = {"int8": 128, "int4": 8}  # the default of MatMulNBits and GatherBlockQuantized: stored = code + it
+ACCURACY_LEVELS = (0, 4)  # MatMulNBits: 0 float32 products of the decoded codes, 4 the hidden vector as int8 too
+
+
+def blocks(fmt, block_size, width):
+    """Whether `fmt` at `block_size` is stored in the uint8 block layout onnxruntime's quantized kernels read: int8 /
+    int4 with a block that is a power of two >= 16 and divides the width (else ONNX INT8 / INT4, as before)."""
+    return (fmt in ZERO_POINT and isinstance(block_size, int) and block_size >= 16
+            and not block_size & (block_size - 1) and width % block_size == 0)
+
+
+def pack_blocks(codes, fmt, block_size):
+    """int8 codes [vocab, width] as the block layout: uint8 [vocab, blocks, block * bits / 8] holding code + zero
+    point, int4 two a byte (the first in the low nibble). Adding in uint8 wraps exactly as the offset needs."""
+    vocab, width = codes.shape
+    stored = (codes.view(np.uint8) + np.uint8(ZERO_POINT[fmt])).reshape(vocab, width // block_size, block_size)
+    if fmt == "int4":
+        stored = stored[..., 0::2] | (stored[..., 1::2] << np.uint8(4))
+    return np.ascontiguousarray(stored)
 
 
 def format_name(data_type):
@@ -127,15 +155,22 @@ def pack_int4(codes):
     return flat[0::2] | (flat[1::2] << np.uint8(4))
 
 
-def initializers(table, fmt, block_size, name="embedding"):
+def initializers(table, fmt, block_size, name="embedding", in_blocks=False):
     """[(name, data, dims, onnx type, doc)] of the table (an array, or a Stored in `fmt`) stored in `fmt`: codes,
-    and float32 scales for int8/int4."""
+    and float32 scales for int8/int4; `in_blocks` (where blocks() allows it): the uint8 block layout."""
     if fmt == "float32":  # the values themselves: nothing to quantize, and a 2 GiB table is not copied
         values = table.codes if isinstance(table, Stored) else table
         return [(name, values, list(values.shape), TensorProto.FLOAT,
                  "float32 values [vocab, width]: row t is token t's vector")]
     stored = table if isinstance(table, Stored) else store(table, fmt, block_size)
     codes, scales = stored.codes, stored.scales
+    if in_blocks:
+        data = pack_blocks(codes, fmt, block_size)
+        return [(name, data, list(data.shape), TensorProto.UINT8,
+                 f"{fmt} codes + {ZERO_POINT[fmt]} in onnxruntime's block layout [vocab, blocks, block * "
+                 f"{4 if fmt == 'int4' else 8} / 8 bytes]"),
+                (name + "_scale", scales, list(scales.shape), TensorProto.FLOAT,
+                 f"float32 scales [vocab, blocks], one per {block_size} columns: value = code x scale")]
     data = pack_int4(codes) if fmt == "int4" else codes
     blocks = f"one per {block_size} columns" if block_size else "one per row"
     out = [(name, data, list(stored.shape), ONNX_TYPE[fmt], f"{fmt} codes [vocab, width]")]
@@ -162,17 +197,21 @@ def check_graph_format(fmt, block_size, width):
         _gbq_block(width, block_size)
 
 
-def lookup_nodes(fmt, block_size, width, output, ids="ids", table="embedding"):
-    """(nodes, value_info) reading float32 rows `output` = decoded table[ids], decoding only those rows."""
+def lookup_nodes(fmt, block_size, width, output, ids="ids", table="embedding", in_blocks=False, vocab=None,
+                 ids_rank=2):
+    """(nodes, constants {name: array}, value_info) reading float32 rows `output` = decoded table[ids], decoding
+    only those rows; `in_blocks`: from the uint8 block layout (vocab and the rank of `ids` needed)."""
     doc = ("embedding[ids]: copies one row per id, no multiplications; a negative id wraps, one >= vocab is an error "
            "(the runner refuses both first)")
+    if in_blocks:
+        return _block_lookup(fmt, block_size, width, output, ids, table, vocab, ids_rank, doc)
     if fmt == "float32":
-        return [helper.make_node("Gather", [table, ids], [output], name="lookup", doc_string=doc, axis=0)], []
+        return [helper.make_node("Gather", [table, ids], [output], name="lookup", doc_string=doc, axis=0)], {}, []
     if fmt == "int4":
         return [helper.make_node(
             "GatherBlockQuantized", [table, ids, table + "_scale"], [output], name="lookup", domain="com.microsoft",
             doc_string=doc + "; decodes the fetched int4 rows only: code x scale", gather_axis=0, quantize_axis=1,
-            block_size=_gbq_block(width, block_size))], []
+            block_size=_gbq_block(width, block_size))], {}, []
     codes = output + "_codes"
     nodes = [helper.make_node("Gather", [table, ids], [codes], name="lookup", doc_string=doc + f" ({fmt} codes)",
                               axis=0)]
@@ -186,7 +225,7 @@ def lookup_nodes(fmt, block_size, width, output, ids="ids", table="embedding"):
         nodes.append(helper.make_node("Cast", [codes], [output], name="decode_rows",
                                       doc_string=f"{fmt} -> float32, exact, for the fetched rows only",
                                       to=TensorProto.FLOAT))
-    return nodes, []
+    return nodes, {}, []
 
 
 def table_nodes(fmt, block_size, width, output, table="embedding"):
@@ -200,3 +239,31 @@ def table_nodes(fmt, block_size, width, output, table="embedding"):
     return [helper.make_node("Cast", [table], [output], name="decode_table",
                              doc_string=f"{fmt} -> float32 for every row (a head reads them all)",
                              to=TensorProto.FLOAT)], output
+
+
+def _block_lookup(fmt, block_size, width, output, ids, table, vocab, ids_rank, doc):
+    """GatherBlockQuantized on the block layout: its 3-D codes want [vocab, blocks, 1] scales, which it reads through
+    a run-time view of the [vocab, blocks] ones MatMulNBits reads (a folded Unsqueeze would be a second copy), and
+    its rows come out [..., blocks, block], which one Reshape of the fetched rows makes [..., width]."""
+    scale_view, constants, value_info = unfolded_view(table + "_scale", ids, [vocab, width // block_size, 1],
+                                                      "lookup_scales", "lookup_scales_")
+    shape = "lookup_rows_shape"
+    constants[shape] = np.asarray([0] * ids_rank + [width], np.int64)
+    nodes = scale_view + [
+        helper.make_node("GatherBlockQuantized", [table, ids, "lookup_scales"], [output + "_blocks"],
+                         name="lookup", domain="com.microsoft", gather_axis=0, quantize_axis=2, block_size=block_size,
+                         bits=4 if fmt == "int4" else 8,
+                         doc_string=doc + f"; decodes the fetched {fmt} rows only: (stored - {ZERO_POINT[fmt]}) x scale"),
+        helper.make_node("Reshape", [output + "_blocks", shape], [output], name="rows_of_blocks",
+                         doc_string="the fetched rows [..., blocks, block] -> [..., width]"),
+    ]
+    value_info.append(helper.make_tensor_value_info("lookup_scales", TensorProto.FLOAT,
+                                                    [vocab, width // block_size, 1]))
+    return nodes, constants, value_info
+
+
+def head_node(fmt, block_size, width, vocab, hidden, output, table, accuracy_level, name, doc):
+    """MatMulNBits scoring `hidden` [..., width] against every row of the block layout: [..., vocab] logits."""
+    return helper.make_node("MatMulNBits", [hidden, table, table + "_scale"], [output], name=name, domain="com.microsoft",
+                            K=width, N=vocab, bits=4 if fmt == "int4" else 8, block_size=block_size,
+                            accuracy_level=accuracy_level, doc_string=doc)

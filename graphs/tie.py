@@ -12,8 +12,8 @@ from onnx import TensorProto, helper
 
 
 def unfolded_view(table, anchor, dims, output, prefix):
-    """(nodes, constants {name: int64 array}, value_info) making `output` the initializer `table` ([vocab, width] =
-    `dims`) as a tensor onnxruntime computes at run time.
+    """(nodes, constants {name: int64 array}, value_info) making `output` the initializer `table` (of dims `dims`,
+    [vocab, width] for a table) as a tensor onnxruntime computes at run time.
 
     target = dims + 0 * max(Shape(anchor)): `anchor` is any input with a dim known only at run time (ids,
     hidden), so the sum is never constant; the Reshape then changes nothing but constness."""
@@ -35,7 +35,7 @@ def unfolded_view(table, anchor, dims, output, prefix):
     value_info = [helper.make_tensor_value_info(names["anchor_shape"], TensorProto.INT64, [None]),
                   helper.make_tensor_value_info(names["anchor_max"], TensorProto.INT64, [1]),
                   helper.make_tensor_value_info(names["nothing"], TensorProto.INT64, [1]),
-                  helper.make_tensor_value_info(names["target"], TensorProto.INT64, [2])]
+                  helper.make_tensor_value_info(names["target"], TensorProto.INT64, [len(dims)])]
     return nodes, constants, value_info
 
 

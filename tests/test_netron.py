@@ -29,8 +29,8 @@ def test_netron_renders_the_exported_graphs(tmp_path):
 
 def test_netron_renders_a_quantized_tied_head(tmp_path):
     assert export([str(tmp_path), "--vocab-size", "64", "--width", "32", "--format", "int4", "--block-size", "16"]) == 0
-    labels = ("GatherBlockQuantized", "DequantizeLinear", "FusedMatMul", "Identity")
+    labels = ("GatherBlockQuantized", "MatMulNBits", "DequantizeLinear", "FusedMatMul")
     (tied,) = netron_view.render([tmp_path / "tied_logits.onnx"], [tmp_path / "tied.png"], labels)
-    # the one int4 table feeds the row lookup (GatherBlockQuantized) and the head's decode (DequantizeLinear)
-    assert tied == {"GatherBlockQuantized": 1, "DequantizeLinear": 1, "FusedMatMul": 1, "Identity": 0}
+    # the one int4 table, in onnxruntime's block layout, feeds the row lookup and the head itself: nothing decodes it
+    assert tied == {"GatherBlockQuantized": 1, "MatMulNBits": 1, "DequantizeLinear": 0, "FusedMatMul": 0}
     assert (tmp_path / "tied.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

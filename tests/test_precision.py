@@ -19,6 +19,12 @@ def bits(values):
     return np.asarray(values, dtype=np.float32).view(np.uint32)
 
 
+
+def gamma(n):
+    """Higham's gamma_n for float32."""
+    return n * 2.0**-24 / (1 - n * 2.0**-24)
+
+
 def test_formats_in_order():
     assert embed.FORMATS == ("float32", "float16", "bfloat16", "int8", "int4")
 
@@ -111,11 +117,23 @@ def test_builders_at_every_format(fmt, block_size):
         assert np.array_equal(out["embeddings"].view(np.uint32), expect.view(np.uint32)), build.__name__
         if build is graphs.tied_logits:
             readers = [n.name for n in model.graph.node if "embedding" in n.input]
-            # two readers of the one table at every format: the lookup, and the head's decode (float32: the tie's view)
+            # two readers of the one table at every format: the lookup, and the head (its decode; float32: the tie's
+            # view; the block layout: MatMulNBits on the codes themselves)
             assert len(readers) == 2 and "lookup" in readers, readers
+            quantized_head = any(n.op_type == "MatMulNBits" for n in model.graph.node)
+            assert quantized_head == (fmt in ("int8", "int4") and block_size == 16)  # 16 | 48; None spans the row
             exact = hidden.astype(np.float64) @ rows.T.astype(np.float64)
-            gamma = width * 2.0**-24 / (1 - width * 2.0**-24)
-            bound = gamma * (np.abs(hidden).astype(np.float64) @ np.abs(rows).T.astype(np.float64))
+            products = np.abs(hidden).astype(np.float64) @ np.abs(rows).T.astype(np.float64)
+            bound = gamma(width + 2 if quantized_head else width) * products
+            if quantized_head:  # accuracy_level 4: hidden rounded to int8 per block, at most half its step away
+                step = np.abs(hidden).reshape(4, width // 16, 16).max(-1) / 127 * (1 + 2**-22)
+                moved = np.repeat(step / 2, 16, axis=-1).reshape(1, 4, width) + 2**-23 * np.abs(hidden)
+                level4 = moved.astype(np.float64) @ np.abs(rows).T.astype(np.float64) + gamma(width // 16 + 2) * (
+                    (np.abs(hidden) + moved).astype(np.float64) @ np.abs(rows).T.astype(np.float64)) + 2**-24 * products
+                assert np.all(np.abs(out["logits"] - exact) <= level4 * (1 + 1e-12))
+                assert np.any(np.abs(out["logits"] - exact) > bound)  # it does quantize: float32's bound is broken
+                model = build(table, fmt=fmt, block_size=block_size, accuracy_level=0)
+                out = Runner(model).run(feeds)
             assert np.all(np.abs(out["logits"] - exact) <= bound)
     untied = graphs.untied_logits(table, table[::-1].copy(), fmt=fmt, block_size=block_size)
     held = sum(len(t.raw_data) for t in untied.graph.initializer if t.name.startswith(("embedding", "lm_head")))

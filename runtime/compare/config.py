@@ -22,6 +22,7 @@ class Config:
     factor: float | None = None
     formats: tuple = embed.FORMATS
     block_size: int = 32
+    accuracy_level: int = 4
     json: str | None = None
     export: str | None = None
 
@@ -31,7 +32,8 @@ class Config:
 
     def as_dict(self):
         return {"vocab_size": self.vocab, "width": self.width, "seed": self.seed, "ids": list(self.ids),
-                "query": self.query, "k": self.k, "formats": list(self.formats), "block_size": self.block_size}
+                "query": self.query, "k": self.k, "formats": list(self.formats), "block_size": self.block_size,
+                "accuracy_level": self.accuracy_level}
 
 
 def parser(description=""):
@@ -52,6 +54,9 @@ def parser(description=""):
         help=f"formats to check besides float32: 'all' (default) or a comma list of {', '.join(embed.FORMATS)}")
     add("--block-size", type=int, default=32,
         help="int8 / int4: columns per scale (default 32; int4 lookups need a power of two >= 16)")
+    add("--accuracy-level", type=int, choices=graphs.precision.ACCURACY_LEVELS, default=4,
+        help="int8 / int4 heads (MatMulNBits): 4 (default, the fastest) quantizes the hidden vector to int8 per block "
+             "too, 0 multiplies it in float32 with the decoded codes; the head is checked against that level's bound")
     add("--json", metavar="PATH|-", help="write the results as JSON ('-': standard output, the report to stderr)")
     add("--export", metavar="DIR", help="also write the seven graphs there (never overwrites)")
     return p
@@ -91,4 +96,4 @@ def parse(argv=None, description=""):
         p.error(str(e))
     return Config(vocab=args.vocab_size, width=args.width, seed=args.seed, ids=tuple(args.ids), query=args.query,
                   k=args.k, stretch=args.stretch, factor=args.factor, formats=formats, block_size=args.block_size,
-                  json=args.json, export=args.export)
+                  accuracy_level=args.accuracy_level, json=args.json, export=args.export)

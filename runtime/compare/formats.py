@@ -4,8 +4,8 @@ import numpy as np
 
 import graphs
 from graphs import precision
-from runtime.compare.bounds import Check, differing, dot_bounds, within
-from runtime.compare.sizes import vocab_width_tensors
+from runtime.compare.bounds import Check, differing, dot_bounds, quantized_head_bound, within
+from runtime.resident import prepacked_copies
 
 QUERIES = 64  # neighbour lists compared with float32's for this many query tokens
 ROWS = 4096  # past this vocabulary the reference quantizes a sample of rows (quantizing is row by row, so each
@@ -26,12 +26,24 @@ def _stored_bytes(model, prefixes=("embedding",)):
     return sum(len(t.raw_data) for t in model.graph.initializer if t.name.startswith(prefixes))
 
 
-def _copies(sessions, name, vocab, width):
-    """The vocab x width tensors of onnxruntime's optimized model, as (format name, bytes)."""
+def _held(sessions, name, vocab):
+    """What a session holds of the table under onnxruntime's default SessionOptions: the optimized model's tensors
+    with a row per token [(name, format name, bytes)], and each copy a kernel prepacks from one of them [(tensor,
+    kernel, bytes, whether the original is freed: the kernel was its only reader)]."""
     optimized = sessions.optimized(name)
-    names = set(vocab_width_tensors(optimized, vocab, width))
-    return [(precision.format_name(t.data_type), graphs.storage.raw_bytes(t.data_type, t.dims))
-            for t in optimized.graph.initializer if t.name in names]
+    tables = [t for t in optimized.graph.initializer if len(t.dims) > 1 and vocab in t.dims]
+    held = [(t.name, precision.format_name(t.data_type), graphs.storage.raw_bytes(t.data_type, t.dims)) for t in tables]
+    readers = {t.name: sum(t.name in n.input for n in optimized.graph.node) for t in tables}
+    packed = [(p["initializer"], p["kernel"], p["bytes"], readers[p["initializer"]] == 1)
+              for p in prepacked_copies(optimized) if p["initializer"] in readers]
+    return held, packed
+
+
+def _accuracy_level(model):
+    """The MatMulNBits head's accuracy level, or None for a head that decodes the table first."""
+    levels = [a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "accuracy_level"]
+    return levels[0] if levels else None
 
 
 def check_formats(config, reference, sessions):
@@ -56,7 +68,8 @@ def _one_format(config, reference, sessions, fmt, block_size):
     models = {name: sessions.model_at(name, table32, fmt, block_size)
               for name in ("gather_lookup", "onehot_lookup", "tied_logits")}
     untied = graphs.untied_logits(sessions.stored(table32, fmt, block_size),
-                                  precision.store(sessions.head32(), fmt, block_size), fmt=fmt, block_size=block_size)
+                                  precision.store(sessions.head32(), fmt, block_size), fmt=fmt, block_size=block_size,
+                                  accuracy_level=config.accuracy_level)
     checks = []
 
     want, want_untied = (impl.table_bytes(vocab, width, fmt, block_size, tied=t) for t in (True, False))
@@ -80,24 +93,34 @@ def _one_format(config, reference, sessions, fmt, block_size):
     tied = sessions.runner(graph("tied_logits"), models["tied_logits"])
     logits = tied.run({"ids": [ids[:1]], "hidden": [reference.hidden]})["logits"][0]
     exact = [impl.logits(decoded, h) for h in reference.hidden]
-    bound = dot_bounds(decoded64, reference.hidden)
+    level = _accuracy_level(models["tied_logits"])
+    if level is None:  # DequantizeLinear of the whole table, then float32 products
+        bound, how = dot_bounds(decoded64, reference.hidden), "DequantizeLinear + FusedMatMul, gamma_w sum|h t|"
+    else:
+        bound = quantized_head_bound(reference.hidden, decoded64, block_size, level)
+        how = (f"MatMulNBits accuracy_level {level}, " + ("gamma_(w+2) sum|h t|" if level == 0 else
+               f"the hidden vector as int8 per block of {block_size}: sum (s_b/2)|t| + gamma_(blocks+2) sum|h t|"))
     ok, diff, worst = within(logits[:, picked], exact, bound)
-    copies = _copies(sessions, graph("tied_logits"), vocab, width)
+    held, packed = _held(sessions, graph("tied_logits"), vocab)
     checks.append(Check("head", graph("tied_logits"), ok,
                         f"tied logits vs embed.logits(dequantized table, hidden){sampled} for {len(reference.hidden)} "
-                        f"vectors, worst "
-                        f"diff/bound {worst:.2f}", diff, float(np.max(bound)), {"worst_ratio": worst}))
-    wider = [c for c in copies if c[0] != fmt]
-    checks.append(Check("memory", graph("tied_logits"), None, f"onnxruntime's optimized model holds "
-                        + ", ".join(f"{t} {b} bytes" for t, b in copies)
-                        + (" (a float32 copy besides the codes: the head's Cast is folded into a table; the "
-                           "CPU provider has no half-precision MatMul on x86)" if wider else " (the codes once)"),
-                        values={"copies": copies}, info=True))
+                        f"vectors ({how}), worst diff/bound {worst:.2f}", diff, float(np.max(bound)),
+                        {"worst_ratio": worst, "accuracy_level": level}))
+    wider = [n for n, t, _ in held if t == "float32" and n != "embedding_scale"]
+    line = "onnxruntime's optimized model holds " + ", ".join(f"{n} {t} {b} bytes" for n, t, b in held)
+    if wider:
+        line += " (a float32 copy besides the codes: the head's Cast is folded into a table; no half-precision MatMul on x86)"
+    for tensor, kernel, size, freed in packed:
+        line += (f"; at load {kernel} prepacks {size} bytes from {tensor}, "
+                 + ("which is then freed (its only reader)" if freed else "which stays (the lookup reads it too)"))
+    checks.append(Check("memory", graph("tied_logits"), None, line, values={"held": held, "prepacked": packed},
+                        info=True))
 
     stretch = reference.stretch
     checks.append(_stretch(config, reference, sessions, fmt, block_size, codes[at[stretch]],
                            scales and scales[at[stretch]], tag))
-    checks += _figures(config, reference, sessions, fmt, block_size, decoded64 - reference.table64[picked], logits, tag)
+    checks += _figures(config, reference, sessions, fmt, block_size, decoded64 - reference.table64[picked], logits,
+                       level, tag)
     return checks
 
 
@@ -135,7 +158,7 @@ def _stretch(config, reference, sessions, fmt, block_size, codes, scales, tag):
                  float(changed + moved), 0.0, {"before": a, "after": b})
 
 
-def _figures(config, reference, sessions, fmt, block_size, value_errors, logits, tag):
+def _figures(config, reference, sessions, fmt, block_size, value_errors, logits, level, tag):
     """What the format does to the lab's answers: neighbor lists against float32's, and the head's logits."""
     rng = np.random.default_rng(config.seed)
     queries = rng.choice(config.vocab, size=min(QUERIES, config.vocab), replace=False)
@@ -147,12 +170,28 @@ def _figures(config, reference, sessions, fmt, block_size, value_errors, logits,
     overlap = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(base.tolist(), here.tolist())])) if k else 1.0
     full = sessions.cached(("figures", "logits"), lambda: sessions.runner("tied_logits").run(
         {"ids": [list(config.ids[:1])], "hidden": [reference.hidden]})["logits"][0])
-    error = float(np.max(np.abs(logits.astype(np.float64) - full)))
     scale = float(np.max(np.abs(full)))
+    heads = {None: logits} if level is None else {level: logits}
+    if level is not None:  # the other accuracy level too, to show what each costs in accuracy
+        for other in precision.ACCURACY_LEVELS:
+            if other != level:
+                model = graphs.tied_logits(sessions.stored(reference.table32, fmt, block_size), fmt=fmt,
+                                           block_size=block_size, accuracy_level=other)
+                heads[other] = sessions.runner(f"tied_logits@{tag}-level{other}", model).run(
+                    {"ids": [list(config.ids[:1])], "hidden": [reference.hidden]})["logits"][0]
+    top = lambda x: [set(np.argsort(-row, kind="stable")[:k].tolist()) for row in x]
+    parts, values = [], {"neighbor_overlap": overlap}
+    for at, got in sorted(heads.items(), key=lambda item: -1 if item[0] is None else item[0]):
+        error = float(np.max(np.abs(got.astype(np.float64) - full)))
+        agree = float(np.mean([len(a & b) / k for a, b in zip(top(got), top(full))])) if k else 1.0
+        name = "the head" if at is None else f"accuracy_level {at}"
+        parts.append(f"{name}: top-{k} logits overlap {agree:.1%}, largest logit error {error:.3g} "
+                     f"({error / scale:.2%} of the largest |logit|)")
+        values[f"level{at}" if at is not None else "head"] = {"logit_error": error, "logit_error_relative": error / scale,
+                                                              "top_k_overlap": agree}
     table_error = float(np.max(np.abs(value_errors)))
+    values["value_error"] = table_error
     return [Check("figures", f"{tag}", None,
-                  f"cosine top-{k} overlap with float32 over {len(queries)} queries {overlap:.1%}; largest logit "
-                  f"error vs the float32 head {error:.3g} ({error / scale:.2%} of the largest |logit|); largest "
-                  f"value error {table_error:.3g}",
-                  values={"neighbor_overlap": overlap, "logit_error": error,
-                          "logit_error_relative": error / scale, "value_error": table_error}, info=True)]
+                  f"cosine top-{k} overlap with float32 over {len(queries)} queries {overlap:.1%}; against the float32 "
+                  f"head for {len(reference.hidden)} hidden vectors, " + "; ".join(parts)
+                  + f"; largest value error {table_error:.3g}", values=values, info=True)]

@@ -53,9 +53,10 @@ class Sessions:
         return self.cached(("stored", fmt, block_size), lambda: precision.store(table32, fmt, block_size))
 
     def model_at(self, name, table32, fmt, block_size):
-        """Graph `name` built on the table stored in `fmt`, once."""
+        """Graph `name` built on the table stored in `fmt`, once (a head at the configured accuracy level)."""
+        level = {"accuracy_level": self.config.accuracy_level} if name.endswith("_logits") else {}
         return self.cached(("model", name, fmt, block_size), lambda: getattr(graphs, name)(
-            self.stored(table32, fmt, block_size), fmt=fmt, block_size=block_size))
+            self.stored(table32, fmt, block_size), fmt=fmt, block_size=block_size, **level))
 
     def head32(self):
         """The untied head's table, as graphs makes it (seed + 1)."""
