@@ -27,7 +27,7 @@ def test_bench_pieces_run_and_report(tmp_path):
     results["format_lookups"] = bench.bench_format_lookups([64, 256], 8, 0.005)
     results["head"] = bench.bench_head([(64, 32)], [1, 4], 0.005, str(tmp_path))
     results["memory"] = bench.bench_memory([(256, 16)], str(tmp_path))
-    results["format_memory"] = bench.bench_format_memory([(256, 32)], str(tmp_path))
+    results["formats"] = bench.bench_formats([(256, 64)], 0.005, str(tmp_path))
     results["floor"] = bench.bench_floor(0.005)
     row = results["lookups"][0]
     assert row["onehot_multiplications"] == 8 * 64 * bench.WIDTH  # n x V x D, counted independently here
@@ -37,11 +37,15 @@ def test_bench_pieces_run_and_report(tmp_path):
     assert [(m["tied"], m["external"], m["arena"]) for m in results["memory"]] == [
         (True, False, False), (True, True, False), (False, False, False), (False, True, False), (True, True, True)]
     assert all(m["table_bytes"] == 256 * 16 * 4 for m in results["memory"])
-    assert [m["table_bytes"] for m in results["format_memory"]] == [
-        embed.table_bytes(256, 32, fmt, 32 if fmt in ("int8", "int4") else None) for fmt in embed.FORMATS]
+    assert [(m["format"], m["table_bytes"]) for m in results["formats"]] == [
+        (fmt, embed.table_bytes(256, 64, fmt, 32 if fmt in ("int8", "int4") else None)) for fmt in embed.FORMATS]
+    floor = [m["floor_s"] * m["bandwidth"] for m in results["formats"]]  # the floor is the bytes at that rate
+    assert [round(f) for f in floor] == [m["table_bytes"] for m in results["formats"]]
+    float32 = results["formats"][0]
+    assert float32["top8_overlap"] == 1.0 and float32["logit_error"] < 1e-3  # the float32 head against numpy's
     text = bench.report(results)
     for section in ("a/b. lookups", "b'. the lookup at every format", "c. the tied head", "d. resident memory",
-                    "d'. the tied head at every format", "e. per-run floor", "Runner.run(feeds) <= 1.0x"):
+                    "d'. the memory meeting", "e. per-run floor", "Runner.run(feeds) <= 1.0x"):
         assert section in text
     json.dumps(results)  # everything --json writes is plain data
 
@@ -55,7 +59,8 @@ def known_figures(over=None):
         "head": [{"vocab": 64, "width": 32, "tokens": 1, "run_vs_numpy": 0.9, "run_out_vs_numpy": 0.9,
                   "memory": {"ratio": 1.05}}],
         "format_lookups": [{"format": fmt, "large_vs_small": 1.1} for fmt in embed.FORMATS],
-        "format_memory": [{"format": fmt, "vocab": 64, "after_first_run": 1.05} for fmt in embed.FORMATS],
+        "formats": [{"format": fmt, "vocab": v, "width": w, "token_vs_float32": 0.1, "token_vs_floor": 1.5,
+                     "times_table": 2.2} for fmt in embed.FORMATS for v, w in ((50257, 768), (128256, 4096))],
     }
     for (section, index, key), value in (over or {}).items():
         results[section][index][key] = value
@@ -65,9 +70,9 @@ def known_figures(over=None):
 def test_targets_judge_the_figures_they_are_given():
     assert all(met for _, met in bench.targets(known_figures()))
     over = {("memory", 0, "after_first_run"): 1.11, ("head", 0, "run_vs_numpy"): 1.2,
-            ("format_lookups", 4, "large_vs_small"): 1.6}
+            ("format_lookups", 4, "large_vs_small"): 1.6, ("formats", 8, "token_vs_float32"): 0.5}
     missed = [what for what, met in bench.targets(known_figures(over)) if not met]
-    assert len(missed) == 3
+    assert len(missed) == 4 and missed[3].startswith("int4 head <= 0.20x") and "50257x768: 0.50x" in missed[3]
     assert missed[0].startswith("tied <= 1.10x table bytes")
     assert missed[1].startswith("Runner.run(feeds) <= 1.0x") and "N=1: 1.20x" in missed[1]
     assert missed[2].startswith("a lookup costs its rows") and "int4: 1.60x" in missed[2]

@@ -8,9 +8,10 @@ timed), `lookups` (a, b), `head` (c, e), `memory` (d), `report`, `cli`.
 from runtime.bench.cli import main
 from runtime.bench.head import bench_floor, bench_head
 from runtime.bench.lookups import WIDTH, bench_format_lookups, bench_lookups
-from runtime.bench.memory import bench_format_memory, bench_memory
+from runtime.bench.formats import bandwidth, bench_formats
+from runtime.bench.memory import bench_memory
 from runtime.bench.report import report, targets
 from runtime.bench.timing import bound_run, race, session
 
 __all__ = ["main", "bench_floor", "bench_head", "WIDTH", "bench_format_lookups", "bench_lookups",
-           "bench_format_memory", "bench_memory", "report", "targets", "bound_run", "race", "session"]
+           "bandwidth", "bench_formats", "bench_memory", "report", "targets", "bound_run", "race", "session"]

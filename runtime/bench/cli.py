@@ -10,7 +10,8 @@ import onnxruntime as ort
 from embed import OneLineParser  # argparse with one-line errors, exit 2
 from runtime.bench.head import bench_floor, bench_head
 from runtime.bench.lookups import bench_format_lookups, bench_lookups
-from runtime.bench.memory import bench_format_memory, bench_memory
+from runtime.bench.formats import bench_formats
+from runtime.bench.memory import bench_memory
 from runtime.bench.report import plot, report
 
 
@@ -38,7 +39,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="onnx-lab-bench-") as folder:
         results["head"] = bench_head(heads, [1, 64, 512], budget, folder)
         results["memory"] = bench_memory(sizes, folder)
-        results["format_memory"] = bench_format_memory(heads, folder)
+        formats = [(50257, 768)] if args.quick else [(50257, 768), (151936, 896), (128256, 4096)]
+        results["formats"] = bench_formats(formats, budget, folder)
     results["floor"] = bench_floor(budget)
     print(report(results))
     if args.json:

@@ -1,8 +1,6 @@
-"""d: resident memory a session adds, per table byte, each model in a fresh process with the Runner's settings;
-and the tied head at every format against embed.table_bytes."""
+"""d: resident memory a session adds, per table byte, each model in a fresh process with the Runner's settings."""
 import os
 
-import embed
 import graphs
 from runtime.bench.probes import child
 from runtime.bench.timing import progress
@@ -34,27 +32,4 @@ def bench_memory(sizes, folder):
             for p in written:
                 os.remove(p)
         del table, head
-    return rows
-
-
-def bench_format_memory(sizes, folder, block_size=32):
-    """The tied head at every format, saved with external data: resident bytes after a 64-token run against
-    embed.table_bytes (codes plus scales), and the time of a later run (the best of three)."""
-    rows = []
-    for vocab, width in sizes:
-        table = graphs.make_table(vocab, width)
-        for fmt in embed.FORMATS:
-            block = block_size if fmt in ("int8", "int4") else None
-            path = os.path.join(folder, f"tied_{fmt}_{vocab}.onnx")
-            written = graphs.save(graphs.tied_logits(table, fmt=fmt, block_size=block), path, external=True,
-                                  overwrite=True, check=False)
-            stored = embed.table_bytes(vocab, width, fmt, block)
-            start, after, seconds = _probe(path, width)
-            rows.append({"vocab": vocab, "width": width, "format": fmt, "block_size": block, "table_bytes": stored,
-                         "at_start": start / stored, "after_first_run": after / stored, "run_s": seconds})
-            progress(f"tied head {fmt} V={vocab} D={width}: {after / stored:.2f}x table_bytes after a run, "
-                     f"{seconds * 1e3:.1f} ms a 64-token run")
-            for p in written:
-                os.remove(p)
-        del table
     return rows
