@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 
 PROTOBUF_LIMIT = 2**31 - 1  # a serialized protobuf message cannot reach 2 GiB
-_ALIGN = 65536  # external tensors start on allocation-granularity offsets so onnxruntime can map them
+_ALIGN = 65536  # large external tensors start on allocation-granularity offsets so onnxruntime can map them
+_ALIGN_FROM = 2**20  # smaller ones are read, not mapped: 16-byte offsets, so a norm weight costs no 64 KiB slot
 _MARGIN = 64 * 2**20  # room for everything in the model that is not a tensor
 # From this size a table goes to external data by default: onnxruntime then maps it from the file instead of
 # copying it out of the protobuf, so a session costs 0.07x the table at start rather than 1.07x (BENCHMARKS.md).
@@ -144,7 +145,9 @@ def _write_external(model, staged, min_bytes, sources):
         for tensor in light.graph.initializer:
             if tensor.name not in moved and tensor.name not in sources:
                 continue
-            offset = data.tell() + (-data.tell() % _ALIGN)
+            size = sources[tensor.name].nbytes if tensor.name in sources else len(moved[tensor.name].raw_data)
+            align = _ALIGN if size >= _ALIGN_FROM else 16
+            offset = data.tell() + (-data.tell() % align)
             data.seek(offset)
             if tensor.name in sources:
                 _write_array(data, sources[tensor.name], tensor)

@@ -81,17 +81,24 @@ def _packed_shared(pair):
 
 def _gather_packed_in_place(graph, model, table, sources):
     """Make GatherBlockQuantized read the [N, blocks, blob] codes themselves (no Reshape to fold): its scales
-    then need the codes' rank, [N, blocks, 1] (a second, small scales tensor, since MatMulNBits insists on its
-    own), and its rows come out [..., blocks, block], so one Reshape of the looked-up rows (not of the table)
-    restores [..., width]. False when the ids' rank is unknown."""
+    then need the codes' rank, [N, blocks, 1], which it reads through a run-time view of MatMulNBits' own
+    [N, blocks] ones (graphs.tie: nothing folds it into a second scales tensor), and its rows come out
+    [..., blocks, block], so one Reshape of the looked-up rows (not of the table) restores [..., width]. False
+    when the ids' rank is unknown."""
     node = table["node"]
     ids_rank = _rank(graph, node.input[1])
     if ids_rank is None or table["scales"] is None:
         return False
-    codes, scales = table["initializer"], model.tensors[table["scales"]]
+    codes = table["initializer"]
     blocks = table["stored_dims"][1]
     scales3 = _unique(graph, model, table["scales"] + "_blocks")
-    sources[scales3] = _shell(graph, scales3, scales.values().reshape(table["vocab"], blocks, 1))
+    prefix = _unique(graph, model, "retie_scales") + "_"
+    view, constants, _ = unfolded_view(table["scales"], node.input[1], [table["vocab"], blocks, 1], scales3, prefix)
+    for name, values in constants.items():
+        _const(graph, name, values)
+    at = list(graph.node).index(node)
+    for offset, n in enumerate(view):
+        graph.node.insert(at + offset, n)
     output = node.output[0]
     blocked = _unique(graph, model, output + "_blocks")
     node.input[0], node.input[2], node.output[0] = codes, scales3, blocked
