@@ -84,11 +84,14 @@ def check_ids(ids, vocab_size, name="ids"):
 class Runner:
     """A session for a ModelProto or a path; run(feeds) -> {output name: array}."""
 
-    def __init__(self, model, optimized_model_path=None, arena=False, data_folder=None):
+    def __init__(self, model, optimized_model_path=None, arena=False, data_folder=None, spinning=True):
         """arena=True keeps onnxruntime's CPU arena: faster for large batches (activations are reused rather
         than faulted in each run) at the price of holding them between runs. `data_folder`: where the external
-        data of a ModelProto passed in lies (a path's own folder is used for a path)."""
+        data of a ModelProto passed in lies (a path's own folder is used for a path). spinning=False stops the
+        session's threads from spinning after a run (for sessions timed against one another)."""
         options = session_options(optimized_model_path, arena=arena)
+        if not spinning:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if data_folder is not None:
             options.add_session_config_entry("session.model_external_initializers_file_folder_path",
                                              os.fspath(data_folder))

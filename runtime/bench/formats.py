@@ -1,6 +1,7 @@
 """d': the memory meeting. The tied head at every format: the bytes it stores, what a session holds after a
 one-token run under onnxruntime's default SessionOptions (a fresh process each, so no activations to speak of), its time per token and per 64-token prompt
-(every format raced in the same rounds) against numpy's float32 matmul and against the floor its bytes set
+(every format raced in the same rounds, their thread pools not spinning after a run: a spinning pool slows
+whichever session runs next, 7 ms a token against 25 ms measured at 50257 x 768) against numpy's float32 matmul and against the floor its bytes set
 (table_bytes over this machine's memory bandwidth, measured in the same run), and what it costs in accuracy
 against the float32 head."""
 import os
@@ -60,7 +61,7 @@ def bench_formats(sizes, budget, folder):
             graphs.save(graphs.tied_logits(table, fmt=fmt, block_size=block), path, external=True, overwrite=True,
                         check=False)
             held = child("session_growth", path, width, 1)  # a one-token run, defaults, a fresh process
-            runners[fmt] = Runner(path)
+            runners[fmt] = Runner(path, spinning=False)
             logits = runners[fmt].run({"ids": np.zeros((1, PROMPT), np.int64), "hidden": hidden})["logits"][0]
             found[fmt] = {"path": path, "block_size": block, "held": held,
                           "table_bytes": embed.table_bytes(vocab, width, fmt, block),
