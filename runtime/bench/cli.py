@@ -12,14 +12,15 @@ from runtime.bench.head import bench_floor, bench_head
 from runtime.bench.lookups import bench_format_lookups, bench_lookups
 from runtime.bench.formats import bench_formats
 from runtime.bench.memory import bench_memory
-from runtime.bench.report import plot, report
+from runtime.bench.report import plot, plot_formats, report
 
 
 def main(argv=None):
     parser = OneLineParser(prog="python -m runtime.bench", description="Memory and speed at real vocabulary sizes.")
     parser.add_argument("--quick", action="store_true", help="smaller sweep (GPT-2's size only), a few minutes")
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
-    parser.add_argument("--plot", metavar="FILE.png", help="plot the ratios (needs matplotlib)")
+    parser.add_argument("--plot", metavar="FILE.png", help="plot the ratios, and the memory meeting beside it as "
+                        "FILE_formats.png (needs matplotlib)")
     args = parser.parse_args(argv)
     for target in (args.json, args.plot):
         if target and not os.path.isdir(os.path.dirname(os.path.abspath(target))):
@@ -50,4 +51,6 @@ def main(argv=None):
         os.replace(f.name, args.json)
     if args.plot:
         plot(results, args.plot)
+        if results.get("formats"):
+            plot_formats(results["formats"], os.path.splitext(args.plot)[0] + "_formats.png")
     return 0

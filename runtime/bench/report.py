@@ -150,3 +150,29 @@ def plot(results, path):
     right.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def plot_formats(rows, path):
+    """The memory meeting as a picture: resident bytes after a run against ms per token, one point per format and
+    size (matplotlib, optional)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 5))
+    markers = dict(zip(("float32", "float16", "bfloat16", "int8", "int4"), "os^Dv"))
+    for (vocab, width) in dict.fromkeys((r["vocab"], r["width"]) for r in rows):
+        here = [r for r in rows if (r["vocab"], r["width"]) == (vocab, width)]
+        ax.plot([r["token_s"] * 1e3 for r in here], [r["resident_bytes"] / 2**20 for r in here], ":", color="grey")
+        for r in here:
+            ax.plot(r["token_s"] * 1e3, r["resident_bytes"] / 2**20, markers.get(r["format"], "o"), markersize=8,
+                    label=r["format"] if (vocab, width) == (rows[0]["vocab"], rows[0]["width"]) else None)
+            ax.annotate(f"{vocab}x{width}", (r["token_s"] * 1e3, r["resident_bytes"] / 2**20), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ms per token (N = 1), same run")
+    ax.set_ylabel("resident MiB after a run (onnxruntime's defaults)")
+    ax.set_title("The tied head at every format: bytes held against time")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
