@@ -237,3 +237,17 @@ def test_inspect_module_api_matches_cli(exported, tmp_path):
     info = inspect.inspect_model(str(exported / "tied_logits.onnx"), str(tmp_path))
     assert [t["initializer"] for t in info["tables"]] == ["embedding"]
     assert [h["initializer"] for h in info["heads"]] == ["embedding"]
+
+
+@pytest.mark.parametrize("out, message", [("", "needs a file name for OUT"), ("{tmp}/newdir/", "a folder"),
+                                          ("{tmp}", "a folder")])
+def test_retie_refuses_a_bad_out_before_any_work(tmp_path, out, message):
+    done = run_inspect(os.path.join(FIXTURES, "torchscript_tied.onnx"), "--retie", out.format(tmp=tmp_path))
+    assert bad(done) and message in done.stderr, done.stderr
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("flag, value", [("--timeout", "1e20"), ("--memory-limit", "1e300"), ("--timeout", "inf")])
+def test_limits_that_would_overflow_are_refused(flag, value):
+    done = run_inspect(os.path.join(FIXTURES, "torchscript_tied.onnx"), flag, value)
+    assert bad(done) and "up to 1e+06" in done.stderr, done.stderr

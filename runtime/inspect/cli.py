@@ -139,17 +139,23 @@ def _json(info):
             "runtime_copies": info["runtime_copies"]}
 
 
-def _positive(text):
+def _positive(text, most=1e6):
+    """A positive number of at most `most` (seconds or GiB): beyond that a limit is no limit, and the kernel's and
+    Python's own limits overflow."""
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"want a positive number, got {text!r}")
+    if not 0 < value <= most:
+        raise argparse.ArgumentTypeError(f"want a positive number up to {most:g}, got {text!r}")
     return value
 
 
 def _check_out(out, model):
+    if not out:
+        raise InspectError("--retie needs a file name for OUT, got ''")
+    if out.endswith(os.sep) or os.path.isdir(out):
+        raise InspectError(f"--retie {out}: a folder; OUT names the model file to write (e.g. {os.path.join(out, 'model.onnx')})")
     if os.path.realpath(out) == os.path.realpath(model):
         raise InspectError("OUT is MODEL: --retie never touches its input; name another file")
     for target in (out, graphs.storage.data_path(out)):
@@ -171,7 +177,7 @@ def main(argv=None):
                         help="address space each onnxruntime step may take (default 4 GiB + 6x the model's bytes)")
     try:
         args = parser.parse_args(argv)
-        if args.retie:
+        if args.retie is not None:
             _check_out(args.retie, args.model)
         memory = None if args.memory_limit is None else int(args.memory_limit * isolated.GiB)
         limits = isolated.Limits(args.timeout, memory)
@@ -182,7 +188,7 @@ def main(argv=None):
                 sys.stdout.write(json.dumps(_json(info), indent=2) + "\n")
             else:
                 _report(info, args.model, sys.stdout)
-            return retie(info["model"], info, args.retie, folder, limits, say) if args.retie else 0
+            return retie(info["model"], info, args.retie, folder, limits, say) if args.retie is not None else 0
     except UsageError as e:
         print(e, file=sys.stderr)
         return 2
