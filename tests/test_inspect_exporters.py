@@ -58,6 +58,7 @@ def test_inspect_genai_fp32_shared_embeddings():
     # freeing the original (its only reader packed it): two copies under the defaults, two with prepacking off
     assert entry["tables_in_memory"] == 2
     assert [entry["in_memory"][s]["copies"] for s in ("defaults", "no_prepacking")] == [2, 2]
+    assert entry["onnxruntime"] == ort.__version__  # whose folding and prepacking these counts are
     (copy,) = [c for c in folded(data) if c.get("copy_of") == "lm_head.MatMul.weight"]
     assert (copy["view"], copy["shape"], copy["bytes"]) == ("transposed", [VOCAB, WIDTH], VOCAB * WIDTH * 4)
     assert prepacked(data, "lm_head.MatMul.weight") == [("MatMul", VOCAB * WIDTH * 4)]

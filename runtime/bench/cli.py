@@ -48,6 +48,9 @@ def main(argv=None):
         with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(os.path.abspath(args.json)), delete=False,
                                          suffix=".json") as f:
             json.dump(results, f, indent=2)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(f.name, 0o666 & ~mask)  # a temporary file is 0600: the report gets the user's usual mode
         os.replace(f.name, args.json)
     if args.plot:
         plot(results, args.plot)

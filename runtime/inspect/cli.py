@@ -5,6 +5,8 @@ import os
 import sys
 import tempfile
 
+import onnxruntime as ort
+
 import graphs
 from embed import OneLineParser, UsageError
 from runtime.inspect import isolated, memory
@@ -74,7 +76,8 @@ def inspect_model(path, folder, limits=None):
 
 def _report(info, path, out):
     w = out.write
-    w(f"{path}: {len(info['initializers'])} initializers, {info['file_bytes']} bytes on disk\n")
+    w(f"{path}: {len(info['initializers'])} initializers, {info['file_bytes']} bytes on disk; as onnxruntime "
+      f"{ort.__version__} loads and runs it\n")
     for v in info["vocabulary"]:
         tie = f"tied to head {v['head']}" if v["tied"] else "not tied"
         w(f"vocabulary: table {v['table']} {v['vocab_size']} x {v['width']} {v['format']}, {v['bytes']} bytes, {tie}; "

@@ -1,5 +1,6 @@
 """What is tied to what: table/head pairs, and the copies onnxruntime's optimized model adds."""
 import numpy as np
+import onnxruntime as ort
 from onnx import TensorProto
 
 _CHUNK = 16 * 2**20  # bytes compared at a time, so a memory-mapped table is never read whole at once
@@ -130,5 +131,6 @@ def vocabulary(model, tables, heads, pairs, copies, held):
                         "head": tie["head"] if tie else None, "tables_in_memory": memory["defaults"]["copies"],
                         "in_memory": memory,
                         "parameter_share": round(table["vocab"] * table["width"] / params, 4) if params else None,
-                        "byte_share": round(table["bytes"] / total_bytes, 4) if total_bytes else None})
+                        "byte_share": round(table["bytes"] / total_bytes, 4) if total_bytes else None,
+                        "onnxruntime": ort.__version__})  # whose folding and prepacking the counts describe
     return entries
