@@ -211,7 +211,8 @@ def test_compare_says_when_the_stretch_does_not_apply(capsys):
 
 @pytest.mark.parametrize("args", [["--ids", "1,x"], ["--ids", "300"], ["--ids", "-1"], ["--width", "0"],
                                   ["--factor", "-1"], ["--factor", "nan"], ["--stretch", "0"], ["--k", "-3"],
-                                  ["--vocab-size", "1"], ["--export", "README.md"], ["--bogus"]])
+                                  ["--vocab-size", "1"], ["--export", "README.md"], ["--bogus"],
+                                  ["--factor", "1e308"], ["--factor", "1e39"], ["--factor", "1e-300"]])
 def test_compare_bad_input_exit_2_one_line(args):
     done = subprocess.run([sys.executable, "-m", "runtime.compare", *SMALL, *args], cwd=ROOT,
                           capture_output=True, text=True)

@@ -7,6 +7,7 @@ import graphs
 from embed import OneLineParser
 
 MAX_VALUES = 2**26  # the reference is pure Python: 67M values is minutes of it
+FACTORS = (2.0**-30, 2.0**30)  # a stretch factor keeps a row's float32 squares normal and finite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,9 @@ def parse(argv=None, description=""):
         embed.check_int("k", args.k, 0)
         if args.factor is not None:
             embed.check_factor(args.factor)
+            if not FACTORS[0] <= args.factor <= FACTORS[1]:  # float32 squares of a stretched row stay normal
+                raise ValueError(f"--factor {args.factor:g} is outside [2**-30, 2**30]: the stretched row's float32 "
+                                 "squares (the cosine's norms) would overflow or lose their precision")
         if args.stretch == args.query:
             raise ValueError(f"--stretch {args.stretch} is the query itself; pick another token")
         formats = embed.FORMATS if args.format == "all" else tuple(dict.fromkeys(args.format.split(",")))
