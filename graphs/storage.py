@@ -49,6 +49,13 @@ def fits_inline(model):
     return inline_bytes(model) + _MARGIN < PROTOBUF_LIMIT
 
 
+def umask():
+    """This process's umask (read by setting it and putting it back): the mode bits a new file should lose."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def data_path(path):
     """Where save() puts external data for the model at `path`."""
     return os.fspath(path) + ".data"

@@ -57,14 +57,20 @@ def session_growth(path, feeds, prepacking=True):
             "file_bytes": after.file - before.file}
 
 
+def readers(model):
+    """{tensor name: [the nodes that read it]} of a ModelProto, each node once per tensor."""
+    reading = {}
+    for node in model.graph.node:
+        for name in dict.fromkeys(node.input):
+            reading.setdefault(name, []).append(node)
+    return reading
+
+
 def prepacked_copies(optimized):
     """[{initializer, kernel, node, bytes}]: each copy a kernel prepacked at load, as onnxruntime records it beside
     the initializer it was made from in an optimized model (a ModelProto, tensor data not loaded) written by
     runtime.runner.write_optimized_model(prepacked=True)."""
-    readers = {}
-    for node in optimized.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    reading = readers(optimized)
     copies = []
     for tensor in optimized.graph.initializer:
         entries = [e.value for e in tensor.external_data if e.key.startswith("prepacked")]
@@ -72,7 +78,7 @@ def prepacked_copies(optimized):
             kernel, _, rest = value.partition("+")
             fields = rest.partition("|")[2].split(";")  # offset; length; ...
             length = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
-            nodes = [n for n in readers.get(tensor.name, []) if n.op_type == kernel]
+            nodes = [n for n in reading.get(tensor.name, []) if n.op_type == kernel]
             node = nodes[min(i, len(nodes) - 1)] if nodes else None
             copies.append({"initializer": tensor.name, "kernel": kernel, "bytes": length,
                            "node": None if node is None else (node.name or node.output[0])})
@@ -87,10 +93,7 @@ def copies_held(names, optimized, prepacked, prepacking):
     present = [n for n in dict.fromkeys(names) if n in kept]
     if not prepacking:
         return len(present)
-    readers = {}
-    for node in optimized.graph.node:
-        for name in set(node.input):
-            readers[name] = readers.get(name, 0) + 1
+    reading = readers(optimized)
     packed = {n: sum(p["initializer"] == n for p in prepacked) for n in present}
-    released = sum(1 for n in present if packed[n] and packed[n] >= readers.get(n, 0))
+    released = sum(1 for n in present if packed[n] and packed[n] >= len(reading.get(n, [])))
     return len(present) + sum(packed.values()) - released

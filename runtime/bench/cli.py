@@ -8,9 +8,10 @@ import numpy as np
 import onnxruntime as ort
 
 from embed import OneLineParser  # argparse with one-line errors, exit 2
+from graphs.storage import umask
 from runtime.bench.head import bench_floor, bench_head
-from runtime.bench.lookups import bench_format_lookups, bench_lookups
 from runtime.bench.formats import bench_formats
+from runtime.bench.lookups import bench_format_lookups, bench_lookups
 from runtime.bench.memory import bench_memory
 from runtime.bench.report import plot, plot_formats, report
 
@@ -48,9 +49,7 @@ def main(argv=None):
         with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(os.path.abspath(args.json)), delete=False,
                                          suffix=".json") as f:
             json.dump(results, f, indent=2)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(f.name, 0o666 & ~mask)  # a temporary file is 0600: the report gets the user's usual mode
+        os.chmod(f.name, 0o666 & ~umask())  # a temporary file is 0600: the report gets the user's usual mode
         os.replace(f.name, args.json)
     if args.plot:
         plot(results, args.plot)

@@ -5,7 +5,7 @@ import numpy as np
 import graphs
 from graphs import precision
 from runtime.compare.bounds import Check, differing, dot_bounds, quantized_head_bound, within
-from runtime.resident import prepacked_copies
+from runtime.resident import prepacked_copies, readers
 
 QUERIES = 64  # neighbour lists compared with float32's for this many query tokens
 ROWS = 4096  # past this vocabulary the reference quantizes a sample of rows (quantizing is row by row, so each
@@ -33,9 +33,9 @@ def _held(sessions, name, vocab):
     optimized = sessions.optimized(name)
     tables = [t for t in optimized.graph.initializer if len(t.dims) > 1 and vocab in t.dims]
     held = [(t.name, precision.format_name(t.data_type), graphs.storage.raw_bytes(t.data_type, t.dims)) for t in tables]
-    readers = {t.name: sum(t.name in n.input for n in optimized.graph.node) for t in tables}
-    packed = [(p["initializer"], p["kernel"], p["bytes"], readers[p["initializer"]] == 1)
-              for p in prepacked_copies(optimized) if p["initializer"] in readers]
+    reading, names = readers(optimized), {t.name for t in tables}
+    packed = [(p["initializer"], p["kernel"], p["bytes"], len(reading.get(p["initializer"], [])) == 1)
+              for p in prepacked_copies(optimized) if p["initializer"] in names]
     return held, packed
 
 

@@ -6,7 +6,7 @@ computed here; while a started one runs, this process takes the last tasks still
 later), so neither process idles. No check sees any of this: the Reference and the Sessions ask it.
 """
 import multiprocessing
-from concurrent.futures import CancelledError, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 
 
 def quiet(stage):
@@ -52,10 +52,8 @@ class Pool:
             progress(f"{waiting[0]} here, while the second process works")
             self._done[waiting] = self._local.pop(waiting)()
         progress(f"waiting for {key[0]} (second process)")
-        try:
-            return future.result()
-        except CancelledError:  # pragma: no cover - a cancelled future is never waited on
-            return self._local.pop(key)()
+        self._local.pop(key)
+        return future.result()
 
     def close(self):
         """Stop the second process and drop what it had not done; safe to call twice."""

@@ -11,11 +11,11 @@ import graphs
 from embed import OneLineParser, UsageError
 from runtime.inspect import isolated, memory
 from runtime.inspect.reading import InspectError, load
-from runtime.resident import prepacked_copies
 from runtime.inspect.relations import SMALL_COPY, relate, runtime_copies, vocabulary
 from runtime.inspect.retie import retie
 from runtime.inspect.sidecars import genai_head_size
 from runtime.inspect.walk import find_tables_and_heads
+from runtime.resident import prepacked_copies
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
 
@@ -60,7 +60,7 @@ def inspect_model(path, folder, limits=None):
     copies += [{"name": f"{p['initializer']} prepacked", "bytes": p["bytes"], "shape": None,
                 "copy_of": p["initializer"], "view": "prepacked", "transposed": False, "kernel": p["kernel"],
                 "node": p["node"]} for p in prepacked if p["initializer"] in ours]
-    rows = {t["node"].input[1]: t["vocab"] for t in tables}
+    rows = {t["node"].input[1]: t["vocab"] for t in tables}  # each lookup's ids, and the rows they may name
     measured = memory.measure(os.path.abspath(path), rows, genai_head_size(path), folder, limits,
                               model.file_bytes) if tables else {}
 
@@ -69,8 +69,7 @@ def inspect_model(path, folder, limits=None):
 
     return {"model": model, "tables": tables, "heads": heads, "file_bytes": model.file_bytes,
             "initializers": initializers, "pairs": pairs, "runtime_copies": copies, "rows": rows,
-            "vocabulary": vocabulary(model, tables, heads, pairs, copies, held), "prepacked": prepacked,
-            "measure_error": measured.get("error"),
+            "vocabulary": vocabulary(model, tables, heads, pairs, copies, held), "measure_error": measured.get("error"),
             "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values())}
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from runtime.inspect.reading import load
 from runtime.compare.bounds import gamma
+from runtime.inspect.reading import load
 from runtime.runner import Runner
 
 BATCH, SEQUENCE, PAST = 1, 3, 4  # symbolic dims, resolved once for every input (GroupQueryAttention wants batch 1 with a past)

@@ -192,7 +192,7 @@ def retie(model, found, out_path, folder, limits, say):
         return 0
     staged = os.path.join(folder, "retied.onnx")
     graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
-    rows = {t["node"].input[1]: t["vocab"] for t in found["tables"]}
+    rows = found["rows"]
     job = {"kind": "prove", "before": os.path.abspath(model.path), "after": staged, "rewritten": rewritten,
            "rows": rows, "folder": folder, "head_size": sidecars.genai_head_size(model.path)}
     try:

@@ -6,6 +6,8 @@ import os
 import stat
 import tempfile
 
+from graphs.storage import umask
+
 MAX_BYTES = 16 * 2**20  # a config or tokenizer file larger than this is not one
 GENAI_CONFIG = "genai_config.json"
 NAMES = (GENAI_CONFIG, "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -89,7 +91,7 @@ def _claim(path, data):
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.chmod(staged, 0o666 & ~_umask())
+        os.chmod(staged, 0o666 & ~umask())
         os.link(staged, path)
     except FileExistsError:
         return f"{os.path.basename(path)} exists beside OUT: left as it is"
@@ -97,8 +99,3 @@ def _claim(path, data):
         os.unlink(staged)
     return f"copied {os.path.basename(path)} beside OUT"
 
-
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

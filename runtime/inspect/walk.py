@@ -96,7 +96,6 @@ class Resolver:
             self.known[step] = found
         return found
 
-
     def _same_shape(self, node):
         """Whether a Reshape gives its input back in the dims it has (graphs.tie's run-time view of a table)."""
         if node.op_type != "Reshape" or len(node.input) < 2 or node.input[0] not in self.weights:
