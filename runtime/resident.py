@@ -42,14 +42,16 @@ def _warm():
         None, {"x": np.ones(1, np.float32)})
 
 
-def session_growth(path, feeds, prepacking=True):
+def session_growth(path, feeds, prepacking=True, disabled_optimizers=()):
     """{resident_bytes, anonymous_bytes, file_bytes}: what a session on the model at `path` adds to this process
-    after loading and one run on `feeds` (its outputs dropped, the session still held). Meant for a fresh
+    after loading and one run on `feeds` (its outputs dropped, the session still held; `disabled_optimizers`:
+    graph transformers skipped). Meant for a fresh
     process: memory an earlier session freed to the allocator would hide part of this one's."""
     _warm()
     gc.collect()
     before = resident()
-    session = ort.InferenceSession(path, options(prepacking), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(path, options(prepacking), providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=set(disabled_optimizers))
     session.run(None, feeds)
     after = resident()
     del session

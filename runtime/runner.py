@@ -84,11 +84,13 @@ def check_ids(ids, vocab_size, name="ids"):
 class Runner:
     """A session for a ModelProto or a path; run(feeds) -> {output name: array}."""
 
-    def __init__(self, model, optimized_model_path=None, arena=False, data_folder=None, spinning=True):
+    def __init__(self, model, optimized_model_path=None, arena=False, data_folder=None, spinning=True,
+                 disabled_optimizers=()):
         """arena=True keeps onnxruntime's CPU arena: faster for large batches (activations are reused rather
         than faulted in each run) at the price of holding them between runs. `data_folder`: where the external
         data of a ModelProto passed in lies (a path's own folder is used for a path). spinning=False stops the
-        session's threads from spinning after a run (for sessions timed against one another)."""
+        session's threads from spinning after a run (for sessions timed against one another).
+        `disabled_optimizers`: onnxruntime graph transformers to skip, as open_session takes them."""
         options = session_options(optimized_model_path, arena=arena)
         if not spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -97,7 +99,7 @@ class Runner:
                                              os.fspath(data_folder))
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load(os.fspath(model), load_external_data=False)
         self.vocab_size = vocab_size_of(proto)
-        self.session = open_session(model, options)
+        self.session = open_session(model, options, disabled_optimizers)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self._input_types = {i.name: i.type for i in self.session.get_inputs()}
         self._input_shapes = {i.name: i.shape for i in self.session.get_inputs()}
@@ -188,10 +190,12 @@ class Runner:
         return {name: arrays[name] if name in arrays else produced[i].numpy() for i, name in enumerate(names)}
 
 
-def open_session(model, options=None):
-    """An onnxruntime CPU session on a ModelProto or a path, with the lab's settings unless `options` are given."""
+def open_session(model, options=None, disabled_optimizers=()):
+    """An onnxruntime CPU session on a ModelProto or a path, with the lab's settings unless `options` are given;
+    `disabled_optimizers` names graph transformers to skip (e.g. "ConstantFolding")."""
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
-    return ort.InferenceSession(source, options or session_options(), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(source, options or session_options(), providers=["CPUExecutionProvider"],
+                                disabled_optimizers=set(disabled_optimizers))
 
 
 def bind(session, inputs, names, arrays):

@@ -21,10 +21,21 @@ def test_bound_run_writes_into_the_callers_buffer():
     assert np.array_equal(out, table[ids])
 
 
+def test_packed_rows_lookup_gives_the_references_rows_bit_for_bit():
+    table = graphs.make_table(40, 64, seed=3)
+    stored = graphs.precision.store(table, "int4", 32)
+    ids = np.array([[0, 39, 7, 7, 21]], np.int64)
+    got = bench.session(bench.lookups.packed_rows_lookup(stored)).run(None, {"ids": ids})[0]
+    codes, scales = embed.quantize(table.tolist(), "int4", 32)
+    want = np.array([embed.dequantize(codes, scales, "int4", 32)[i] for i in ids[0]], np.float32)
+    assert got.shape == (1, 5, 64) and got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
+
+
 def test_bench_pieces_run_and_report(tmp_path):
     results = {}
     results["lookups"] = bench.bench_lookups([64], 8, 0.005)
     results["format_lookups"] = bench.bench_format_lookups([64, 256], 8, 0.005)
+    results["packed_rows"] = bench.lookups.bench_packed_rows(256, [1, 8], 0.005)
     results["head"] = bench.bench_head([(64, 32)], [1, 4], 0.005, str(tmp_path))
     results["memory"] = bench.bench_memory([(256, 16)], str(tmp_path))
     results["formats"] = bench.bench_formats([(256, 64)], 0.005, str(tmp_path))
@@ -37,14 +48,16 @@ def test_bench_pieces_run_and_report(tmp_path):
     assert [(m["tied"], m["external"], m["arena"]) for m in results["memory"]] == [
         (True, False, False), (True, True, False), (False, False, False), (False, True, False), (True, True, True)]
     assert all(m["table_bytes"] == 256 * 16 * 4 for m in results["memory"])
-    assert [(m["format"], m["table_bytes"]) for m in results["formats"]] == [
-        (fmt, embed.table_bytes(256, 64, fmt, 32 if fmt in ("int8", "int4") else None)) for fmt in embed.FORMATS]
+    assert [r["same_bits"] for r in results["packed_rows"]] == [True, True]
+    assert [(m["format"], m["variant"], m["table_bytes"]) for m in results["formats"]] == [
+        (fmt, None, embed.table_bytes(256, 64, fmt, 32 if fmt in ("int8", "int4") else None))
+        for fmt in embed.FORMATS] + [("bfloat16", "constant folding off", embed.table_bytes(256, 64, "bfloat16"))]
     floor = [m["floor_s"] * m["bandwidth"] for m in results["formats"]]  # the floor is the bytes at that rate
     assert [round(f) for f in floor] == [m["table_bytes"] for m in results["formats"]]
     float32 = results["formats"][0]
     assert float32["top8_overlap"] == 1.0 and float32["logit_error"] < 1e-3  # the float32 head against numpy's
     text = bench.report(results)
-    for section in ("a/b. lookups", "b'. the lookup at every format", "c. the tied head", "d. resident memory",
+    for section in ("a/b. lookups", "b'. the lookup at every format", "b''. the int4 lookup two ways", "c. the tied head", "d. resident memory",
                     "d'. the memory meeting", "e. per-run floor", "Runner.run(feeds) <= 1.0x"):
         assert section in text
     json.dumps(results)  # everything --json writes is plain data

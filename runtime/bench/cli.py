@@ -11,7 +11,7 @@ from embed import OneLineParser  # argparse with one-line errors, exit 2
 from graphs.storage import umask
 from runtime.bench.head import bench_floor, bench_head
 from runtime.bench.formats import bench_formats
-from runtime.bench.lookups import bench_format_lookups, bench_lookups
+from runtime.bench.lookups import bench_format_lookups, bench_lookups, bench_packed_rows
 from runtime.bench.memory import bench_memory
 from runtime.bench.report import plot, plot_formats, report
 
@@ -38,6 +38,7 @@ def main(argv=None):
     results = {"quick": args.quick, "onnxruntime": ort.__version__, "numpy": np.__version__, "cores": os.cpu_count()}
     results["lookups"] = bench_lookups(vocabs, 256, budget)
     results["format_lookups"] = bench_format_lookups([1024, 131072], 256, budget)
+    results["packed_rows"] = bench_packed_rows(131072, [1, 256], budget)
     with tempfile.TemporaryDirectory(prefix="onnx-lab-bench-") as folder:
         results["head"] = bench_head(heads, [1, 64, 512], budget, folder)
         results["memory"] = bench_memory(sizes, folder)

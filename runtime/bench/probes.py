@@ -63,10 +63,12 @@ def session_memory(path, width, arena):
     return [start - before, after, min(times)]
 
 
-def session_growth(path, width, n=64):
-    """What a session on the tied head adds after an n-token run under onnxruntime's default SessionOptions."""
+def session_growth(path, width, n=64, disabled_optimizers=()):
+    """What a session on the tied head adds after an n-token run under onnxruntime's default SessionOptions
+    (`disabled_optimizers` skipped)."""
     from runtime.resident import session_growth as grown
-    return grown(path, {"ids": np.zeros((1, n), np.int64), "hidden": np.ones((1, n, width), np.float32)})
+    return grown(path, {"ids": np.zeros((1, n), np.int64), "hidden": np.ones((1, n, width), np.float32)},
+                 disabled_optimizers=disabled_optimizers)
 
 
 PROBES = {"numpy_matmul": numpy_matmul, "head_memory": head_memory, "session_memory": session_memory,

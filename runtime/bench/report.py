@@ -22,6 +22,14 @@ def report(results):
         for r in results["format_lookups"]:
             lines.append(f"{r['format']:>10} " + " ".join(f"{r['seconds'][v] * 1e6:>13.1f}" for v in vocabs)
                          + f" {r['large_vs_small']:>12.2f}")
+    if results.get("packed_rows"):
+        first = results["packed_rows"][0]
+        lines += ["", f"b''. the int4 lookup two ways, V={first['vocab']} x 768, blocks of {first['block_size']}: "
+                  "GatherBlockQuantized (the lab's) against Gather of the packed rows unpacked in the graph"]
+        for r in results["packed_rows"]:
+            kept = "GatherBlockQuantized" if r["gbq_s"] <= r["packed_rows_s"] else "packed rows"
+            lines.append(f"{r['tokens']:>6} ids: {r['gbq_s'] * 1e6:>7.0f} us against {r['packed_rows_s'] * 1e6:>7.0f} us "
+                         f"({r['packed_rows_vs_gbq']:.2f}x), same bits: {r['same_bits']}; faster: {kept}")
     floor = results["floor"]
     lines += ["", "c. the tied head through Runner.run (the default path, and with out= buffers) against numpy's best "
               "2-D matmul on the same table, numpy in a child process with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE "
@@ -59,11 +67,15 @@ def report(results):
                   f"{'V x D':>14} {'format':>9} {'table MiB':>9} {'resident':>9} {'anon/file MiB':>14} {'ms/token':>9} "
                   f"{'vs f32':>7} {'vs floor':>9} {'ms/64':>8} {'vs f32':>7} {'top-8':>6} {'logit err':>10}"]
         for r in results["formats"]:
-            lines.append(f"{r['vocab']:>7} x {r['width']:<4} {r['format']:>9} {r['table_bytes'] / 2**20:>9.1f} "
+            name = r["format"] + ("*" if r.get("variant") else "")
+            lines.append(f"{r['vocab']:>7} x {r['width']:<4} {name:>9} {r['table_bytes'] / 2**20:>9.1f} "
                          f"{r['times_table']:>8.2f}x {r['anonymous_bytes'] / 2**20:>6.0f}/{r['file_bytes'] / 2**20:<7.0f} "
                          f"{r['token_s'] * 1e3:>9.2f} {r['token_vs_float32']:>6.2f}x {r['token_vs_floor']:>8.2f}x "
                          f"{r['prompt_s'] * 1e3:>8.1f} {r['prompt_vs_float32']:>6.2f}x {r['top8_overlap']:>6.1%} "
                          f"{r['logit_error']:>10.3g}")
+        variants = dict.fromkeys((r["format"], r["variant"]) for r in results["formats"] if r.get("variant"))
+        lines += [f"  * {fmt} with {variant}: no float32 copy made at load; the whole table is decoded on every run"
+                  for fmt, variant in variants]
     lines += ["", "e. per-run floor (Identity on one float): run %.1f us, run_with_iobinding %.1f us"
               % (floor["run_s"] * 1e6, floor["iobinding_s"] * 1e6), "", "targets:"]
     lines += [f"  {'met    ' if ok else 'NOT met'}  {what}" for what, ok in targets(results)]
@@ -109,7 +121,7 @@ def targets(results):
                       ", ".join(f"{r['format']}: {r['large_vs_small']:.2f}x" for r in results["format_lookups"]),
                       all(r["large_vs_small"] <= 1.5 for r in results["format_lookups"])))
     if results.get("formats"):
-        by = {(r["vocab"], r["width"], r["format"]): r for r in results["formats"]}
+        by = {(r["vocab"], r["width"], r["format"]): r for r in results["formats"] if not r.get("variant")}
         sizes = [(v, w) for v, w, f in by if f == "float32"]
         judged = [s for s in sizes if s in ((50257, 768), (128256, 4096))]
         for fmt, limit in (("int4", 0.20), ("int8", 0.35)):
@@ -164,8 +176,9 @@ def plot_formats(rows, path):
         here = [r for r in rows if (r["vocab"], r["width"]) == (vocab, width)]
         ax.plot([r["token_s"] * 1e3 for r in here], [r["resident_bytes"] / 2**20 for r in here], ":", color="grey")
         for r in here:
-            ax.plot(r["token_s"] * 1e3, r["resident_bytes"] / 2**20, markers.get(r["format"], "o"), markersize=8,
-                    label=r["format"] if (vocab, width) == (rows[0]["vocab"], rows[0]["width"]) else None)
+            name = r["format"] + (f", {r['variant']}" if r.get("variant") else "")
+            ax.plot(r["token_s"] * 1e3, r["resident_bytes"] / 2**20, markers.get(name, "x"), markersize=8,
+                    label=name if (vocab, width) == (rows[0]["vocab"], rows[0]["width"]) else None)
             ax.annotate(f"{vocab}x{width}", (r["token_s"] * 1e3, r["resident_bytes"] / 2**20), fontsize=6,
                         xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
