@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 import graphs
 from runtime.inspect import isolated
 from runtime.inspect.cli import inspect_model
-from runtime.inspect.proof import feeds_for
+from runtime.inspect.feeds import feeds_for
 from runtime.inspect.retie import retie
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

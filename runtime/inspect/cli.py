@@ -9,11 +9,10 @@ import onnxruntime as ort
 
 import graphs
 from embed import OneLineParser, UsageError
-from runtime.inspect import isolated, memory
+from runtime.inspect import feeds, isolated, memory
 from runtime.inspect.reading import InspectError, load
 from runtime.inspect.relations import SMALL_COPY, relate, runtime_copies, vocabulary
 from runtime.inspect.retie import retie
-from runtime.inspect.sidecars import genai_head_size
 from runtime.inspect.walk import find_tables_and_heads
 from runtime.resident import prepacked_copies
 
@@ -35,12 +34,14 @@ EPILOG = """exit status: 0 report written (and OUT, if --retie had something to 
 nothing written; 2 bad usage, or a model that cannot be read safely (one line on stderr)."""
 
 
-def inspect_model(path, folder, limits=None):
+def inspect_model(path, folder, limits=None, proof_past=None):
     """Everything the report shows, as one dict (the --json output plus what --retie needs).
 
-    `folder` is a scratch folder for onnxruntime's optimized model; `limits` bound the isolated child."""
+    `folder` is a scratch folder for onnxruntime's optimized model; `limits` bound the isolated child;
+    `proof_past` the past length of the decoder feeds it runs the model on (default: feeds.plan's)."""
     limits = limits or isolated.Limits()
     model = load(path)
+    shape = feeds.plan(model.proto, path, proof_past)
     tables, heads = find_tables_and_heads(model)
     pairs = relate(model, tables, heads)
     optimized_path = os.path.join(folder, "optimized.onnx")
@@ -61,14 +62,14 @@ def inspect_model(path, folder, limits=None):
                 "copy_of": p["initializer"], "view": "prepacked", "transposed": False, "kernel": p["kernel"],
                 "node": p["node"]} for p in prepacked if p["initializer"] in ours]
     rows = {t["node"].input[1]: t["vocab"] for t in tables}  # each lookup's ids, and the rows they may name
-    measured = memory.measure(os.path.abspath(path), rows, genai_head_size(path), folder, limits,
+    measured = memory.measure(os.path.abspath(path), rows, shape, folder, limits,
                               model.file_bytes) if tables else {}
 
     def held(names, table_bytes, other_bytes):
         return memory.in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured)
 
     return {"model": model, "tables": tables, "heads": heads, "file_bytes": model.file_bytes,
-            "initializers": initializers, "pairs": pairs, "runtime_copies": copies, "rows": rows,
+            "initializers": initializers, "pairs": pairs, "runtime_copies": copies, "rows": rows, "shape": shape,
             "vocabulary": vocabulary(model, tables, heads, pairs, copies, held), "measure_error": measured.get("error"),
             "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values())}
 
@@ -153,6 +154,13 @@ def _positive(text, most=1e6):
     return value
 
 
+def _past(text):
+    """--proof-past: a whole number of tokens, 0 to 65535."""
+    if not text.isdigit() or int(text) >= 1 << 16:
+        raise argparse.ArgumentTypeError(f"want a whole number of tokens from 0 to 65535, got {text!r}")
+    return int(text)
+
+
 def _check_out(out, model):
     if not out:
         raise InspectError("--retie needs a file name for OUT, got ''")
@@ -177,6 +185,10 @@ def main(argv=None):
                         help="wall-clock seconds each onnxruntime step may take (default 300)")
     parser.add_argument("--memory-limit", type=_positive, metavar="GiB",
                         help="address space each onnxruntime step may take (default 4 GiB + 6x the model's bytes)")
+    parser.add_argument("--proof-past", type=_past, metavar="N",
+                        help="past tokens (KV cache length) in the decoder feeds the model is run and proven on "
+                             f"(default {feeds.PAST}, or the longest sliding window the model or the "
+                             "genai_config.json / config.json beside it declares)")
     try:
         args = parser.parse_args(argv)
         if args.retie is not None:
@@ -184,7 +196,7 @@ def main(argv=None):
         memory = None if args.memory_limit is None else int(args.memory_limit * isolated.GiB)
         limits = isolated.Limits(args.timeout, memory)
         with tempfile.TemporaryDirectory(prefix="onnx-lab-inspect-") as folder:
-            info = inspect_model(args.model, folder, limits)
+            info = inspect_model(args.model, folder, limits, args.proof_past)
             say = sys.stderr.write if args.json else sys.stdout.write
             if args.json:
                 sys.stdout.write(json.dumps(_json(info), indent=2) + "\n")

@@ -5,53 +5,11 @@ import os
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from runtime.compare.bounds import gamma
+from runtime.inspect.feeds import describe, shaped_feeds
 from runtime.inspect.reading import load
 from runtime.runner import Runner
-
-BATCH, SEQUENCE, PAST = 1, 3, 4  # symbolic dims, resolved once for every input (GroupQueryAttention wants batch 1 with a past)
-
-
-def _dim(name, head_size):
-    """A symbolic dim by its name, as exporters name them: batch, past / total sequence length, head size."""
-    name = name.lower()
-    if "batch" in name:
-        return BATCH
-    if "total" in name or "all" in name or "+" in name:  # Optimum: "past_sequence_length + sequence_length"
-        return PAST + SEQUENCE
-    if "past" in name:
-        return PAST
-    if "kv_cache" in name or "head" in name:
-        return head_size
-    return SEQUENCE
-
-
-def feeds_for(model, rows, rng, head_size=None):
-    """Inputs a decoder accepts: ids within the rows of the table each feeds (`rows`), attention_mask ones over
-    past + new tokens, position_ids counting on from the past, past_key_values random of the right shapes
-    (head size from the model's dims or `head_size`), other integers 1, other floats standard normal."""
-    weights = {t.name for t in model.graph.initializer}
-    fixed = [d.dim_value for v in model.graph.input if "past" in v.name for d in v.type.tensor_type.shape.dim[-1:]
-             if d.HasField("dim_value")]
-    head_size = head_size or (fixed[0] if fixed else SEQUENCE)
-    feeds = {}
-    for value in model.graph.input:
-        if value.name in weights:
-            continue
-        tensor_type = value.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else _dim(d.dim_param, head_size) for d in tensor_type.shape.dim]
-        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
-        if value.name in rows:
-            feeds[value.name] = rng.integers(0, rows[value.name], size=shape).astype(dtype)
-        elif "position" in value.name and np.dtype(dtype).kind in "iu":
-            feeds[value.name] = np.broadcast_to(np.arange(PAST, PAST + shape[-1]), shape).astype(dtype)
-        elif np.dtype(dtype).kind in "iub":
-            feeds[value.name] = np.ones(shape, dtype=dtype)
-        else:
-            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
-    return feeds
 
 
 def _with_outputs(model, names):
@@ -87,21 +45,36 @@ def _head_bound(hidden, table, chunk=1 << 24):
     return 2 * gamma(width) * sums
 
 
+class OriginalFails(Exception):
+    """onnxruntime cannot run the original model on the proof's feeds: nothing about the retie can be proven."""
+
+
 def prove(job):
     """One-line failures (empty: proven) for job {before, after, rewritten: [[output, hidden, table, transposed, now]],
-    rows, folder}."""
+    rows, shape (feeds.plan), folder}; OriginalFails when the original itself does not run on those feeds."""
     before = load(job["before"])
     flipped = {table: transposed for _, _, table, transposed, _ in job["rewritten"]}
     tables = {name: before.tensors[name].values().T if transposed else before.tensors[name].values()
               for name, transposed in flipped.items()}  # each [vocab, width], memory-mapped
     hidden_names = sorted({hidden for _, hidden, *_ in job["rewritten"] if hidden})  # None: no head rewritten
-    feeds = feeds_for(before.proto, job["rows"], np.random.default_rng(0), job.get("head_size"))
-    old = _outputs(job["before"], hidden_names, feeds)
-    new = _outputs(job["after"], hidden_names, feeds)
-    names = list(old)
     head_of = {output: (hidden, table) for output, hidden, table, *_ in job["rewritten"] if output}
     failures = []
-    for name in names:
+    for sequence in job["shape"]["lengths"]:
+        feeds = shaped_feeds(before.proto, job["rows"], job["shape"], sequence)
+        try:
+            old = _outputs(job["before"], hidden_names, feeds)
+        except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
+            raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
+                                f"({describe(dict(job['shape'], lengths=[sequence]))}): "
+                                f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:300]}") from None
+        new = _outputs(job["after"], hidden_names, feeds)
+        failures += [f"{sequence} new token(s): {f}" for f in _compare(old, new, head_of, tables)]
+    return failures
+
+
+def _compare(old, new, head_of, tables):
+    failures = []
+    for name in old:
         a, b = old[name], new[name]
         if a.shape != b.shape or a.dtype != b.dtype:
             failures.append(f"output {name!r}: {a.shape} {a.dtype} became {b.shape} {b.dtype}")

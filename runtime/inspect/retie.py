@@ -194,9 +194,13 @@ def retie(model, found, out_path, folder, limits, say):
     graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
     rows = found["rows"]
     job = {"kind": "prove", "before": os.path.abspath(model.path), "after": staged, "rewritten": rewritten,
-           "rows": rows, "folder": folder, "head_size": sidecars.genai_head_size(model.path)}
+           "rows": rows, "folder": folder, "shape": found["shape"]}
     try:
-        failures = isolated.call(job, "proving the retied model", limits, model.file_bytes)["failures"]
+        answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
+        if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
+            raise InspectError(f"{model.path} cannot be proven on this machine, nothing written: "
+                               f"{answer['original']} (--proof-past N sets the past length)")
+        failures = answer["failures"]
         optimized = os.path.join(folder, "retied.optimized.onnx")
         isolated.call({"kind": "optimize", "model": staged, "out": optimized, "folder": folder},
                       "optimizing the retied model", limits, model.file_bytes)
@@ -221,7 +225,7 @@ def retie(model, found, out_path, folder, limits, say):
     if failures:
         say(f"retie: not proven, nothing written: {failures[0]}\n")
         return 1
-    measured = memory.measure(staged, rows, job["head_size"], folder, limits, model.file_bytes)
+    measured = memory.measure(staged, rows, found["shape"], folder, limits, model.file_bytes)
     written = graphs.save(model.proto, out_path, check=False, sources=sources)  # the model the child checked
     size = sum(os.path.getsize(p) for p in written)
     heads = sum(hidden is not None for _, hidden, *_ in rewritten)

@@ -1,0 +1,111 @@
+"""The inputs inspect runs a model on (the retie proof, the memory measurement): a decoder step derived from the
+model and the files beside it, so a model with a sliding window or a short context can run at all.
+
+plan() settles the shape in the parent, where the model's files are checked; feeds_for() makes the arrays in the
+isolated child from that plan."""
+import json
+
+import numpy as np
+from onnx import helper
+
+from runtime.inspect import sidecars
+
+BATCH, SEQUENCE, PAST = 1, 3, 4  # the defaults; GroupQueryAttention wants batch 1 with a past
+LENGTHS = (SEQUENCE, 1)  # new tokens per proof run: a prompt's worth, then one decoding step
+_WINDOW_ATTRIBUTES = ("local_window_size", "sliding_window", "window_size")  # GroupQueryAttention, others
+_MOST = 1 << 16  # a window or context beyond this is not one a proof can feed
+
+
+def _count(value):
+    """A positive int below _MOST, or None (what a config or attribute says is untrusted)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _MOST else None
+
+
+def _hints(model_path):
+    """{windows, context, head_size} that genai_config.json and config.json beside the model declare."""
+    windows, contexts = [], []
+    genai = sidecars.genai_config(model_path) or {}
+    section = genai.get("model") if isinstance(genai.get("model"), dict) else {}
+    decoder = section.get("decoder") if isinstance(section.get("decoder"), dict) else {}
+    window = decoder.get("sliding_window")
+    windows.append(_count(window.get("window_size") if isinstance(window, dict) else window))
+    contexts.append(_count(section.get("context_length")))
+    try:
+        config = json.loads(sidecars.read(model_path, "config.json") or b"null")
+    except ValueError:
+        config = None
+    if isinstance(config, dict):
+        for key in ("sliding_window", "attention_chunk_size", "attention_sink_size", "sink_size"):
+            windows.append(_count(config.get(key)))
+        contexts.append(_count(config.get("max_position_embeddings")))
+    return {"windows": [w for w in windows if w], "context": min(filter(None, contexts), default=None),
+            "head_size": sidecars.genai_head_size(model_path)}
+
+
+def plan(model, model_path, past=None):
+    """{past, lengths, head_size, why}: the past length (at least every window the model's attention nodes or its
+    config declare, unless `past` is given), the new-token counts to run (within the declared context) and the
+    head size genai_config.json gives, for a checked Model's proto at `model_path`."""
+    hints = _hints(model_path)
+    windows = hints["windows"] + [_count(helper.get_attribute_value(a)) for node in model.graph.node
+                                  for a in node.attribute if a.name in _WINDOW_ATTRIBUTES
+                                  and a.type == a.INT]
+    windows = [w for w in windows if w]
+    chosen = past if past is not None else max([PAST] + windows)
+    why = (f"--proof-past {past}" if past is not None else
+           f"a window of {max(windows)} declared" if windows and max(windows) > PAST else "the default")
+    context = hints["context"]
+    lengths = [n for n in LENGTHS if context is None or chosen + n <= context] or [1]
+    return {"past": chosen, "lengths": lengths, "head_size": hints["head_size"], "why": why}
+
+
+def describe(shape):
+    """'past 64 (a window of 64 declared), 3 and 1 new tokens' for a plan()."""
+    counts = " and ".join(str(n) for n in shape["lengths"])
+    return f"past {shape['past']} ({shape['why']}), {counts} new token{'s' if shape['lengths'] != [1] else ''}"
+
+
+def _dim(name, head_size, past, sequence):
+    """A symbolic dim by its name, as exporters name them: batch, past / total sequence length, head size."""
+    name = name.lower()
+    if "batch" in name:
+        return BATCH
+    if "total" in name or "all" in name or "+" in name:  # Optimum: "past_sequence_length + sequence_length"
+        return past + sequence
+    if "past" in name:
+        return past
+    if "kv_cache" in name or "head" in name:
+        return head_size
+    return sequence
+
+
+def feeds_for(model, rows, rng, head_size=None, past=PAST, sequence=SEQUENCE):
+    """Inputs a decoder accepts: ids within the rows of the table each feeds (`rows`), attention_mask ones over
+    past + new tokens, position_ids counting on from the past, past_key_values random of the right shapes
+    (head size from the model's dims or `head_size`), other integers 1, other floats standard normal."""
+    weights = {t.name for t in model.graph.initializer}
+    fixed = [d.dim_value for v in model.graph.input if "past" in v.name for d in v.type.tensor_type.shape.dim[-1:]
+             if d.HasField("dim_value")]
+    head_size = head_size or (fixed[0] if fixed else SEQUENCE)
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in weights:
+            continue
+        tensor_type = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else _dim(d.dim_param, head_size, past, sequence)
+                 for d in tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        if value.name in rows:
+            feeds[value.name] = rng.integers(0, rows[value.name], size=shape).astype(dtype)
+        elif "position" in value.name and np.dtype(dtype).kind in "iu":
+            feeds[value.name] = np.broadcast_to(np.arange(past, past + shape[-1]), shape).astype(dtype)
+        elif np.dtype(dtype).kind in "iub":
+            feeds[value.name] = np.ones(shape, dtype=dtype)
+        else:
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def shaped_feeds(model, rows, shape, sequence, seed=0):
+    """feeds_for at a plan()'s past and head size and `sequence` new tokens."""
+    return feeds_for(model, rows, np.random.default_rng(seed), shape.get("head_size"), shape["past"], sequence)
