@@ -5,7 +5,6 @@ for several graphs in one format to share)."""
 import math
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper
 
 import embed

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper

@@ -1,7 +1,6 @@
 """The command: parse, run each section, print the report, write JSON and the plot."""
 import json
 import os
-import sys
 import tempfile
 
 import numpy as np

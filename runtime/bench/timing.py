@@ -3,7 +3,6 @@ import math
 import sys
 import time
 
-import numpy as np
 
 from runtime.resident import resident
 from runtime.runner import bind, open_session, session_options

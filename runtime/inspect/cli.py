@@ -78,10 +78,16 @@ def _report(info, path, out):
     w = out.write
     w(f"{path}: {len(info['initializers'])} initializers, {info['file_bytes']} bytes on disk; as onnxruntime "
       f"{ort.__version__} loads and runs it\n")
+    if info["vocabulary"]:
+        v = info["vocabulary"][0]
+        w(f"parameters: {v['parameters_counted']}, as Hugging Face counts them: {v['parameters_what']}\n")
     for v in info["vocabulary"]:
         tie = f"tied to head {v['head']}" if v["tied"] else "not tied"
-        w(f"vocabulary: table {v['table']} {v['vocab_size']} x {v['width']} {v['format']}, {v['bytes']} bytes, {tie}; "
-          f"{v['parameter_share']:.1%} of the parameters, {v['byte_share']:.1%} of the bytes\n")
+        w(f"vocabulary: {'position table' if v['kind'] == 'position' else 'table'} {v['table']} {v['vocab_size']} x "
+          f"{v['width']} {v['format']}, {v['bytes']} bytes, {tie}; {v['parameter_share']:.1%} of the parameters, "
+          f"{v['byte_share']:.1%} of the bytes\n")
+        for line in _details(v):
+            w(f"  {line}\n")
         w(f"  in memory: {_held(v['in_memory'], info.get('measure_error'))}\n")
     if not info["vocabulary"]:
         w("vocabulary: no table (no Gather or GatherBlockQuantized reads rows from an initializer)\n")
@@ -93,7 +99,9 @@ def _report(info, path, out):
     heads = [f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in info["heads"]]
     w("heads (MatMul/Gemm/FusedMatMul/MatMulNBits weights): " + (", ".join(heads) or "none") + "\n")
     for p in info["pairs"]:
-        w(f"pair {p['table']} / {p['head']}: {p['relation']}, {p['wasted_bytes']} bytes wasted in the file\n")
+        gap = (f" (largest difference {p['max_error_in_scales']:.3g} of the quantized one's scale)"
+               if p["relation"] == "quantized_copy" else "")
+        w(f"pair {p['table']} / {p['head']}: {p['relation']}{gap}, {p['wasted_bytes']} bytes wasted in the file\n")
     if not info["pairs"]:
         w("no table/head pair of matching shape\n")
     small = [c for c in info["runtime_copies"] if c["bytes"] < SMALL_COPY and "copy_of" not in c]
@@ -111,6 +119,20 @@ def _report(info, path, out):
           f"{sum(c['bytes'] for c in small)} bytes in all\n")
     if not info["runtime_copies"]:
         w("runtime copies: none (onnxruntime's optimized model adds no initializer)\n")
+
+
+def _details(v):
+    """The vocabulary entry's other facts, one line each: padding, the rows' scale, a quantized copy as head."""
+    if v["padded_width"]:
+        yield f"codes padded to {v['padded_width']} columns (whole blocks); a Slice cuts the rows back to {v['width']}"
+    if v["row_scale"] is not None:
+        what = (f"sqrt({v['width']}): the sqrt(width) scaling" if v["row_scale_is_sqrt_width"] else
+                f"not sqrt({v['width']}) = {v['width'] ** 0.5:.6g}")
+        yield f"looked-up rows multiplied by {v['row_scale']:.6g}, {what}"
+    if v["quantized_head"]:
+        q = v["quantized_head"]
+        yield (f"head {q['head']} holds these values quantized (largest difference {q['max_error_in_scales']:.3g} "
+               "of its scale): a copy up to rounding, not a tie")
 
 
 def _copies(n):
@@ -138,7 +160,8 @@ def _views(entry):
 
 def _json(info):
     return {"file_bytes": info["file_bytes"], "initializers": info["initializers"], "vocabulary": info["vocabulary"],
-            "pairs": [{k: p[k] for k in ("table", "head", "relation", "wasted_bytes")} for p in info["pairs"]],
+            "pairs": [{k: p[k] for k in ("table", "head", "relation", "wasted_bytes", "max_error_in_scales")}
+                      for p in info["pairs"]],
             "runtime_copies": info["runtime_copies"]}
 
 

@@ -56,7 +56,35 @@ def plan(model, model_path, past=None):
            f"a window of {max(windows)} declared" if windows and max(windows) > PAST else "the default")
     context = hints["context"]
     lengths = [n for n in LENGTHS if context is None or chosen + n <= context] or [1]
-    return {"past": chosen, "lengths": lengths, "head_size": hints["head_size"], "why": why}
+    return {"past": chosen, "lengths": lengths, "head_size": hints["head_size"] or _attention_head_size(model),
+            "why": why}
+
+
+def _attention_head_size(model):
+    """The head size a GroupQueryAttention node implies: the width of the projection feeding its query (MatMul,
+    MatMulNBits or Gemm, past an Add of the bias) over its heads (num_heads, plus 2 kv_num_heads when Q, K and V come
+    packed in one input); None where the graph does not say."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    dims = {t.name: list(t.dims) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type != "GroupQueryAttention" or not node.input:
+            continue
+        attrs = {a.name: a.i for a in node.attribute if a.type == a.INT}
+        heads = attrs.get("num_heads", 0) + (2 * attrs.get("kv_num_heads", 0) if len(node.input) < 2 or
+                                             not node.input[1] else 0)
+        source = producer.get(node.input[0])
+        while source is not None and source.op_type == "Add":
+            source = producer.get(source.input[0])
+        width = None
+        if source is not None and source.op_type == "MatMulNBits":
+            width = next((a.i for a in source.attribute if a.name == "N"), None)
+        elif source is not None and source.op_type in ("MatMul", "Gemm") and len(source.input) > 1:
+            weight = dims.get(source.input[1], [])
+            trans_b = any(a.name == "transB" and a.i for a in source.attribute)
+            width = weight[0 if trans_b else -1] if len(weight) == 2 else None
+        if width and heads > 0 and width % heads == 0:
+            return _count(width // heads)
+    return None
 
 
 def describe(shape):

@@ -101,7 +101,6 @@ def _optimize(job):
 
 def _measure(job):
     """What a session adds after one run of the proof's decoder feeds, in this fresh process."""
-    import numpy as np
     import onnx
 
     from runtime.inspect.feeds import shaped_feeds

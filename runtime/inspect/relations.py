@@ -3,6 +3,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto
 
+from runtime.inspect import quantized, shares
+
 _CHUNK = 16 * 2**20  # bytes compared at a time, so a memory-mapped table is never read whole at once
 
 
@@ -26,9 +28,12 @@ def _stored_as_table(entry):
 
 
 def relate(model, tables, heads):
-    """[{table, head, relation, wasted_bytes, node, via_transpose}] for every table/head pair of the same
-    vocab x width: `shared` (one stored tensor, whatever view each op takes), `duplicate` or
-    `transposed_duplicate` (another initializer with the same values), or `distinct`."""
+    """[{table, head, relation, wasted_bytes, node, via_transpose, max_error_in_scales}] for every table/head pair of
+    the same vocab x width: `shared` (one stored tensor, whatever view each op takes), `duplicate` or
+    `transposed_duplicate` (another initializer with the same values; quantized ones: the same codes and scales in
+    whatever layout), `quantized_copy` (a float table and a quantized one holding its values up to rounding:
+    max_error_in_scales is their largest difference in units of the quantized one's scale; never a tie), or
+    `distinct`."""
     pairs = []
     for table in tables:
         t = model.tensors[table["initializer"]]
@@ -37,8 +42,11 @@ def relate(model, tables, heads):
                 continue
             h = model.tensors[head["initializer"]]
             transposed = _stored_as_table(table) != _stored_as_table(head)
+            gap = None
             if head["initializer"] == table["initializer"]:
                 relation, wasted = "shared", 0
+            elif table.get("quant") or head.get("quant"):
+                relation, wasted, gap = _quantized_relation(model, table, head, transposed)
             elif same_values(t, h, transposed=transposed) and _same_scales(model, table["scales"], head["scales"]):
                 relation, wasted = ("transposed_duplicate" if transposed else "duplicate"), head["bytes"]
             else:
@@ -46,8 +54,35 @@ def relate(model, tables, heads):
             pairs.append({"table": table["initializer"], "head": head["initializer"], "relation": relation,
                           "wasted_bytes": wasted, "node": head["node"].name or head["node"].output[0],
                           "via_transpose": head["flips"] > 0 or table["flips"] > 0, "table_entry": table,
-                          "head_entry": head})
+                          "head_entry": head, "max_error_in_scales": gap})
     return pairs
+
+
+ROUNDING = 1 + 2**-10  # half a scale rounding to nearest, up to one where a code range [-8, 7] clips its edge (MLAS)
+
+
+def _float_rows(model, entry):
+    """A float table or head's values [vocab, width] (a memory-mapped view), or None for another type."""
+    tensor = model.tensors[entry["initializer"]]
+    if tensor.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE) or len(tensor.dims) != 2:
+        return None
+    values = tensor.values()
+    return values if _stored_as_table(entry) else values.T
+
+
+def _quantized_relation(model, table, head, transposed):
+    """(relation, wasted bytes, difference in scales) of a pair where one side or both are quantized."""
+    a, b = table.get("quant"), head.get("quant")
+    if a and b:
+        same = quantized.same_quantized(model, a, b, table["vocab"])
+        if same:
+            return ("transposed_duplicate" if transposed else "duplicate"), head["bytes"], None
+        return "distinct", 0, None
+    rows = _float_rows(model, head if a else table)
+    gap = None if rows is None else quantized.gap(model, rows, a or b, table["vocab"])
+    if gap is not None and gap <= ROUNDING:
+        return "quantized_copy", 0, round(gap, 4)
+    return "distinct", 0, None
 
 
 def _same_scales(model, a, b):
@@ -112,9 +147,12 @@ def vocabulary(model, tables, heads, pairs, copies, held):
 
     `held(names, table_bytes, other_bytes)` gives the `in_memory` entry of the tensors `names` (the table, a
     duplicate of it, what onnxruntime folds from them); `tables_in_memory` is its count under the defaults."""
-    packed = {e["initializer"] for e in tables + heads if e["format"] == "int4"}  # two codes a byte
-    params = sum(t.elements * (2 if t.name in packed and t.data_type == TensorProto.UINT8 else 1)
-                 for t in model.tensors.values())
+    params, counted = shares.parameters(model, tables, heads, pairs)
+    producer = {out: node for node in model.proto.graph.node for out in node.output}
+    consumers = {}
+    for node in model.proto.graph.node:
+        for name in dict.fromkeys(node.input):
+            consumers.setdefault(name, []).append(node)
     total_bytes = sum(t.nbytes for t in model.tensors.values())
     entries = []
     for table in tables:
@@ -122,6 +160,8 @@ def vocabulary(model, tables, heads, pairs, copies, held):
         tie = next((p for p in mine if p["relation"] == "shared"), None) or next(
             (p for p in mine if p["relation"] in ("duplicate", "transposed_duplicate")), None)
         stored = {table["initializer"]} | ({tie["head"]} if tie else set())
+        scale, is_sqrt = shares.row_scale(model, table, producer, consumers)
+        quantized_head = next((p for p in mine if p["relation"] == "quantized_copy"), None)
         folded = [c["name"] for c in copies if c.get("copy_of") in stored and c.get("view") != "prepacked"]
         stored_bytes = sum(model.tensors[n].nbytes for n in stored)
         memory = held(sorted(stored) + folded, table["bytes"], total_bytes - stored_bytes - (
@@ -129,8 +169,14 @@ def vocabulary(model, tables, heads, pairs, copies, held):
         entries.append({"table": table["initializer"], "vocab_size": table["vocab"], "width": table["width"],
                         "format": table["format"], "bytes": table["bytes"], "tied": tie is not None,
                         "head": tie["head"] if tie else None, "tables_in_memory": memory["defaults"]["copies"],
+                        "quantized_head": quantized_head and {"head": quantized_head["head"],
+                                                              "max_error_in_scales": quantized_head["max_error_in_scales"]},
                         "in_memory": memory,
                         "parameter_share": round(table["vocab"] * table["width"] / params, 4) if params else None,
+                        "parameters_counted": params, "parameters_what": counted,
+                        "row_scale": scale, "row_scale_is_sqrt_width": is_sqrt,
+                        "kind": shares.kind(model, table, producer),
+                        "padded_width": table.get("padded_width"),
                         "byte_share": round(table["bytes"] / total_bytes, 4) if total_bytes else None,
                         "onnxruntime": ort.__version__})  # whose folding and prepacking the counts describe
     return entries

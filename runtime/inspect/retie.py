@@ -51,6 +51,11 @@ def rewrite(model, heads, pairs):
             if _gather_packed_in_place(graph, model, table, sources):
                 rewritten.append((None, None, table["initializer"], False, table["initializer"]))
             continue
+        if _packed_duplicate(p) and id(table["node"]) not in done:
+            done.add(id(table["node"]))
+            if _gather_head_codes(graph, model, table, head, sources):
+                rewritten.append((None, None, table["initializer"], False, head["initializer"]))
+            continue
         plain = table["format"] == head["format"] == "float32" and "Reshape" not in table["views"] + head["views"]
         wanted = p["relation"] in ("duplicate", "transposed_duplicate") or (
             p["relation"] == "shared" and p["via_transpose"])
@@ -79,6 +84,39 @@ def _packed_shared(pair):
             and len(table["stored_dims"]) == 3)
 
 
+def _packed_duplicate(pair):
+    """onnxruntime's MatMulNBitsQuantizer with Gather quantized: GatherBlockQuantized on ONNX INT4 / UINT4 [V, D]
+    codes and MatMulNBits on the same codes and scales again in its block layout [V, blocks, blob]."""
+    table, head = pair["table_entry"], pair["head_entry"]
+    return (pair["relation"] == "duplicate" and table["node"].op_type == "GatherBlockQuantized"
+            and head["node"].op_type == "MatMulNBits" and not table["views"] and not head["views"]
+            and len(table["stored_dims"]) == 2 and len(head["stored_dims"]) == 3 and head["scales"] is not None)
+
+
+def _gather_head_codes(graph, model, table, head, sources):
+    """Make the lookup of a _packed_duplicate read the head's codes and scales (proven to decode to the same values,
+    scale for scale): _gather_packed_in_place on them, with the head's block, bits and zero points."""
+    node = table["node"]
+    block = next((a.i for a in head["node"].attribute if a.name == "block_size"), None)
+    bits = next((a.i for a in head["node"].attribute if a.name == "bits"), 4)
+    if not block:
+        return False
+    blocks = head["stored_dims"][1]
+    twin = dict(table, initializer=head["initializer"], scales=head["scales"], stored_dims=head["stored_dims"],
+                padded_width=blocks * block)
+    if twin["padded_width"] == table["width"]:
+        twin.pop("padded_width")
+    del node.input[3:]  # the table's own zero points (if any) went with its codes; the head's come instead
+    if len(head["node"].input) > 3 and head["node"].input[3]:
+        node.input.append(head["node"].input[3])
+    if not _gather_packed_in_place(graph, model, twin, sources):
+        return False
+    kept = [a for a in node.attribute if a.name not in ("block_size", "bits")]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute("block_size", block), helper.make_attribute("bits", bits)])
+    return True
+
+
 def _gather_packed_in_place(graph, model, table, sources):
     """Make GatherBlockQuantized read the [N, blocks, blob] codes themselves (no Reshape to fold): its scales
     then need the codes' rank, [N, blocks, 1], which it reads through a run-time view of MatMulNBits' own
@@ -105,7 +143,8 @@ def _gather_packed_in_place(graph, model, table, sources):
     kept = [a for a in node.attribute if a.name != "quantize_axis"]
     del node.attribute[:]
     node.attribute.extend(kept + [helper.make_attribute("quantize_axis", 2)])
-    shape = _const(graph, _unique(graph, model, output + "_shape"), [0] * ids_rank + [table["width"]])
+    shape = _const(graph, _unique(graph, model, output + "_shape"),  # the padded width: the model's Slice follows
+                   [0] * ids_rank + [table.get("padded_width", table["width"])])
     at = list(graph.node).index(node)
     graph.node.insert(at + 1, helper.make_node("Reshape", [blocked, shape], [output], name=_unique(graph, model, "rows_of_blocks"),
                                                doc_string="looked-up rows [..., blocks, block] -> [..., width]"))
@@ -183,8 +222,8 @@ def retie(model, found, out_path, folder, limits, say):
     rewritten, sources = rewrite(model, found["heads"], found["pairs"])
     for p in found["pairs"]:
         views = p["table_entry"]["views"] + p["head_entry"]["views"]
-        if p["relation"] != "distinct" and (p["table_entry"]["format"] != "float32" or "Reshape" in views) \
-                and not _packed_shared(p):
+        if p["relation"] not in ("distinct", "quantized_copy") and not (_packed_shared(p) or _packed_duplicate(p)) \
+                and (p["table_entry"]["format"] != "float32" or "Reshape" in views):
             say(f"retie: {p['table']}: {p['table_entry']['format']} table read through {', '.join(views) or 'no view'} "
                 f"by {p['table_entry']['node'].op_type}: left as it is (--retie rewrites float32 tables only)\n")
     if not rewritten:

@@ -1,10 +1,11 @@
 """Walking the graph: one topological order (a cycle is a finding), then tables and heads found through it."""
 import math
 
-from onnx import TensorProto, helper
+from onnx import TensorProto, numpy_helper
 
 from graphs.precision import format_name
 from graphs.tie import viewed_dims
+from runtime.inspect.quantized import INTEGER_MATMULS, Quant, attribute, dq_quant, gbq_quant, integer_quant
 from runtime.inspect.reading import InspectError
 
 # Ops exporters put between a stored table and the op that reads it; each passes on its input 0's values.
@@ -109,10 +110,6 @@ class Resolver:
         return tensor.values()
 
 
-def _attribute(node, name, default=None):
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
-
-
 def _format(tensor, bits=None):
     """One of embed.FORMATS for a stored table, or the ONNX type name; packed uint8 codes with bits=4 are int4."""
     if bits == 4 and tensor.data_type in (TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4):
@@ -136,10 +133,15 @@ def _entry(model, found, node, role, scales=None, bits=None, vocab=None, width=N
 
 def find_tables_and_heads(model):
     """Tables (what a Gather or GatherBlockQuantized reads rows from) and heads (the weight of a MatMul, Gemm,
-    FusedMatMul or MatMulNBits), each a dict from _entry, for a checked Model; heads also say `as_table` (stored
-    [vocab, width])."""
+    FusedMatMul, MatMulNBits or an integer matmul: MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul), each a
+    dict from _entry, for a checked Model; heads also say `as_table` (stored [vocab, width]); quantized ones carry
+    `quant` (a quantized.Quant: how to read their values back)."""
     graph = model.proto.graph
     order, producer = check_order(graph)
+    consumers = {}
+    for node in order:
+        for name in dict.fromkeys(node.input):
+            consumers.setdefault(name, []).append(node)
     resolve = Resolver(producer, model.tensors)
     tables, heads, seen = [], [], set()
     for node in order:
@@ -148,12 +150,17 @@ def find_tables_and_heads(model):
             entry = _entry(model, found, node, "table")
         elif node.op_type == "GatherBlockQuantized" and len(node.input) >= 3 and found and found[0] not in seen:
             scales = resolve(node.input[2])
-            block = _attribute(node, "block_size", 128)
+            block = attribute(node, "block_size", 128)
             rows = model.tensors[found[0]].dims
             blocks = model.tensors[scales[0]].dims if scales else []
             width = math.prod(blocks[1:]) * block if len(blocks) > 1 and isinstance(block, int) and block > 0 else 0
-            entry = _entry(model, found, node, "table", scales[0], _attribute(node, "bits", 4), rows[0],
+            entry = _entry(model, found, node, "table", scales[0], attribute(node, "bits", 4), rows[0],
                            width) if width > 0 and rows and rows[0] > 0 else None
+            if entry:
+                kept = _sliced_width(node, width, producer, consumers, model)
+                if kept < width:  # codes padded to whole blocks, the rows cut back to the true width
+                    entry.update(width=kept, padded_width=width)
+                entry["quant"] = gbq_quant(node, found[0], scales[0], model.tensors[found[0]], block, kept)
         else:
             entry = None
         if entry:
@@ -161,18 +168,79 @@ def find_tables_and_heads(model):
             tables.append(entry)
             continue
         weight = resolve(node.input[1]) if len(node.input) >= 2 else None
-        if node.op_type in ("MatMul", "Gemm", "FusedMatMul") and weight:
+        if node.op_type in INTEGER_MATMULS:
+            entry = _integer_head(model, node, resolve, producer, consumers)
+            if entry:
+                heads.append(entry)
+        elif node.op_type in ("MatMul", "Gemm", "FusedMatMul") and weight:
             entry = _entry(model, weight, node, "head")
-            trans_b = _attribute(node, "transB", 0) if node.op_type != "MatMul" else 0
+            trans_b = attribute(node, "transB", 0) if node.op_type != "MatMul" else 0
             if entry:  # stored as [vocab, width], like a table, when the transposes and transB add up odd
                 entry["as_table"] = (weight[1] + trans_b) % 2 == 1
                 if trans_b:
                     entry["vocab"], entry["width"] = entry["width"], entry["vocab"]
+                if "DequantizeLinear" in weight[2]:  # QDQ: the codes, decoded on the way to the matmul
+                    entry["quant"] = dq_quant(model, weight[0], consumers, entry["as_table"], entry["width"])
                 heads.append(entry)
         elif node.op_type == "MatMulNBits" and weight and len(node.input) >= 3:
             scales = resolve(node.input[2])
-            entry = _entry(model, weight, node, "head", scales and scales[0], _attribute(node, "bits", 4),
-                           _attribute(node, "N"), _attribute(node, "K"))
+            entry = _entry(model, weight, node, "head", scales and scales[0], attribute(node, "bits", 4),
+                           attribute(node, "N"), attribute(node, "K"))
             entry["as_table"] = True  # MatMulNBits keeps [N, K] blocks: rows are tokens
+            entry["quant"] = Quant(weight[0], scales and scales[0], node.input[3] if len(node.input) > 3 else None,
+                                   attribute(node, "bits", 4), True, width=attribute(node, "K") or 0)
             heads.append(entry)
     return tables, heads
+
+
+
+
+def _integer_head(model, node, resolve, producer, consumers):
+    """A head entry for an integer matmul's weight [width, vocab] (codes, decoded by its scale and zero point)."""
+    index = INTEGER_MATMULS[node.op_type][0]
+    weight = resolve(node.input[index]) if len(node.input) > index and node.input[index] else None
+    entry = _entry(model, weight, node, "head") if weight else None
+    if entry is None:
+        return None
+    entry["as_table"] = weight[1] % 2 == 1
+    entry["quant"] = integer_quant(node, weight[0], weight[1] % 2, entry["width"], producer, consumers, model)
+    return entry
+
+def small_ints(name, producer, model):
+    """The values of a small int64 constant (an initializer or a Constant node), or None."""
+    if name in model.tensors:
+        tensor = model.tensors[name]
+        ok = tensor.data_type == TensorProto.INT64 and tensor.elements <= 8
+        return [int(v) for v in tensor.values().reshape(-1)] if ok else None
+    node = producer.get(name)
+    if node is None or node.op_type != "Constant" or len(node.attribute) != 1:
+        return None
+    value = node.attribute[0]
+    if value.name == "value_ints":
+        return list(value.ints)[:8]
+    if value.name == "value" and value.t.data_type == TensorProto.INT64:
+        values = numpy_helper.to_array(value.t).reshape(-1)
+        return [int(v) for v in values] if values.size <= 8 else None
+    return None
+
+
+def _sliced_width(node, width, producer, consumers, model):
+    """The width a lookup's rows are cut to: every reader of its output a Slice of the last axis from 0 to an end
+    below `width` (onnxruntime-genai pads int4 codes to whole blocks), past a Reshape of the rows to [..., width]
+    (--retie's, after a lookup of blocks); else `width`."""
+    out = node.output[0] if node.output else None
+    readers = consumers.get(out, [])
+    if len(readers) == 1 and readers[0].op_type == "Reshape" and len(readers[0].input) > 1 and readers[0].output:
+        target = small_ints(readers[0].input[1], producer, model)
+        if target and target[-1] == width:
+            out = readers[0].output[0]
+            readers = consumers.get(out, [])
+    ends = set()
+    for reader in readers:
+        args = [small_ints(n, producer, model) if n else None for n in list(reader.input[1:5]) + [""] * 4][:4]
+        starts, end, axes, steps = args
+        if reader.op_type != "Slice" or reader.input[0] != out or starts != [0] or axes != [-1] \
+                or steps not in (None, [1]) or not end or not 0 < end[0] < width:
+            return width
+        ends.add(end[0])
+    return ends.pop() if len(ends) == 1 else width

@@ -1,0 +1,238 @@
+"""Quantized tables and heads read back as values, whatever layout holds them: ONNX INT4 / UINT4 / INT8 / UINT8
+stored [vocab, width] or [width, vocab] with a per-tensor, per-axis or blocked scale and zero point (what
+DequantizeLinear, GatherBlockQuantized, MatMulInteger and the other integer matmuls read), and onnxruntime's uint8
+block layout [vocab, blocks, block * bits / 8] (MatMulNBits, GatherBlockQuantized on 3-D codes). Decoded a chunk of
+tokens at a time, so two layouts of one table are told from two tables, and a quantized head from the float table
+it was made from."""
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto, helper
+
+_CHUNK = 8 * 2**20  # float64 values decoded at a time
+_SIGNED = {TensorProto.INT4: True, TensorProto.UINT4: False, TensorProto.INT8: True, TensorProto.UINT8: False}
+_UNPACK_WHOLE = 64 * 2**20  # a packed 4-bit tensor read across its rows is unpacked whole only below this
+
+
+@dataclass(frozen=True)
+class Quant:
+    """How to decode a quantized table or head: the codes' initializer, its scale and zero point initializers,
+    the bits per code, `blocks` (the uint8 block layout) or not; for the ONNX layout the quantized axis of the
+    stored dims and the columns per scale along it (None: one per index of that axis, or one for the tensor), and
+    which stored axis counts tokens; `width` the true width (a padded block layout holds more columns)."""
+    codes: str
+    scale: str | None
+    zero_point: str | None
+    bits: int
+    blocks: bool
+    axis: int = 1
+    block: int | None = None
+    tokens_axis: int = 0
+    width: int = 0
+    default_zero: int = 0  # the zero point when none is stored (ONNX layout)
+
+
+def _nibbles(raw, start, stop, signed):
+    """4-bit codes start..stop of a flat packed run (the first in the low nibble), as int16."""
+    data = np.asarray(raw[start // 2:(stop + 1) // 2], np.uint8)
+    codes = np.empty(2 * len(data), np.int16)
+    codes[0::2], codes[1::2] = data & 15, data >> 4
+    codes = codes[start % 2:start % 2 + stop - start]
+    return np.where(codes >= 8, codes - 16, codes) if signed else codes
+
+
+def _stored_codes(tensor, t0, t1, tokens_axis):
+    """Codes of tokens t0..t1 as int16 [tokens, width] (ONNX layout), or None when they cannot be read cheaply."""
+    signed = _SIGNED.get(tensor.data_type)
+    if signed is None or len(tensor.dims) != 2:
+        return None
+    rows, cols = tensor.dims
+    if tensor.data_type in (TensorProto.INT8, TensorProto.UINT8):
+        values = tensor.values()
+        part = values[t0:t1] if tokens_axis == 0 else values[:, t0:t1].T
+        return part.astype(np.int16)
+    raw = tensor.raw()
+    if tokens_axis == 0:
+        return _nibbles(raw, t0 * cols, t1 * cols, signed).reshape(t1 - t0, cols)
+    if rows * cols > _UNPACK_WHOLE:
+        return None
+    return _nibbles(raw, 0, rows * cols, signed).reshape(rows, cols)[:, t0:t1].T
+
+
+def _expand(array, dims, q, t0, t1):
+    """A scale or zero point array (scalar, per axis, or blocked) as float64 [t1 - t0, width], tokens first."""
+    array = np.asarray(array, np.float64)
+    if array.size == 1:
+        return np.full((t1 - t0, q.width), float(array.reshape(-1)[0]))
+    if array.ndim == 1:
+        shaped = array.reshape((-1, 1) if q.axis == 0 else (1, -1))
+    else:
+        shaped = array.reshape(array.shape[0], -1)
+    if q.block and array.ndim > 1:
+        shaped = np.repeat(shaped, q.block, axis=q.axis)
+    shaped = np.broadcast_to(shaped[:dims[0], :dims[1]], dims)
+    part = shaped[t0:t1] if q.tokens_axis == 0 else shaped[:, t0:t1].T
+    return part[:, :q.width]
+
+
+def _block_codes(model, q, t0, t1):
+    """(codes int16 [tokens, width], scales, zero points float64 [tokens, width]) of the uint8 block layout."""
+    tensor = model.tensors[q.codes]
+    vocab, nblocks = tensor.dims[0], tensor.dims[1]
+    raw = np.asarray(tensor.values()[t0:t1], np.uint8).reshape(t1 - t0, -1)
+    if q.bits == 4:
+        codes = np.empty((t1 - t0, 2 * raw.shape[1]), np.int16)
+        codes[:, 0::2], codes[:, 1::2] = raw & 15, raw >> 4
+    else:
+        codes = raw.astype(np.int16)
+    block = codes.shape[1] // nblocks
+    scales = np.asarray(model.tensors[q.scale].values(), np.float64).reshape(vocab, nblocks)[t0:t1]
+    if q.zero_point in model.tensors:
+        zp = model.tensors[q.zero_point]
+        points = np.asarray(zp.values(), np.float64 if zp.data_type != TensorProto.UINT8 else np.uint8)
+        if zp.data_type == TensorProto.UINT8 and q.bits == 4:  # two a byte, rows padded to whole bytes
+            packed = points.reshape(vocab, -1)[t0:t1]
+            points = np.stack([packed & 15, packed >> 4], axis=-1).reshape(t1 - t0, -1)[:, :nblocks]
+        else:
+            points = points.reshape(vocab, -1)[t0:t1, :nblocks]
+    else:
+        points = np.full_like(scales, 2 ** (q.bits - 1))
+    expand = lambda a: np.repeat(np.asarray(a, np.float64), block, axis=1)[:, :q.width]
+    return codes[:, :q.width], expand(scales), expand(points)
+
+
+def decoded(model, q, t0, t1):
+    """(values, scales) float64 [t1 - t0, width] of tokens t0..t1: value = (code - zero point) x scale; None when
+    the layout cannot be read (a scale that is not an initializer, packed codes in typed fields)."""
+    if q.scale not in model.tensors:
+        return None
+    if q.blocks:
+        codes, scales, points = _block_codes(model, q, t0, t1)
+    else:
+        tensor = model.tensors[q.codes]
+        try:
+            codes = _stored_codes(tensor, t0, t1, q.tokens_axis)
+        except (ValueError, TypeError):
+            return None
+        if codes is None:
+            return None
+        scale = model.tensors[q.scale]
+        scales = _expand(scale.values(), tensor.dims, q, t0, t1)
+        zp = model.tensors.get(q.zero_point)
+        points = np.full_like(scales, q.default_zero) if zp is None else _expand(_integers(zp), tensor.dims, q, t0, t1)
+    return (codes - points) * scales, scales
+
+
+def _integers(tensor):
+    values = tensor.values()
+    if values is None:  # a packed 4-bit zero point
+        return _nibbles(tensor.raw(), 0, tensor.elements, _SIGNED[tensor.data_type]).reshape(tensor.dims)
+    return values
+
+
+def _chunks(vocab, width):
+    step = max(1, _CHUNK // max(1, 3 * width))
+    return [(t0, min(vocab, t0 + step)) for t0 in range(0, vocab, step)]
+
+
+def same_quantized(model, a, b, vocab):
+    """Whether two quantized entries hold the same codes and scales (the same values and the same scale for every
+    element: code = value / scale), whatever their layouts; None when either cannot be read."""
+    if a.width != b.width:
+        return False
+    for t0, t1 in _chunks(vocab, a.width):
+        x, y = decoded(model, a, t0, t1), decoded(model, b, t0, t1)
+        if x is None or y is None:
+            return None
+        if not (np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1])):
+            return False
+    return True
+
+
+def gap(model, values, q, vocab):
+    """The largest |float value - decoded value| in units of the element's scale, for a float table `values`
+    ([vocab, width], rows are tokens) against quantized entry `q`; None when `q` cannot be read."""
+    worst = 0.0
+    for t0, t1 in _chunks(vocab, q.width):
+        found = decoded(model, q, t0, t1)
+        if found is None:
+            return None
+        rows = np.asarray(values[t0:t1], np.float64)
+        if rows.shape != found[0].shape:
+            return None
+        worst = max(worst, float(np.max(np.abs(rows - found[0]) / found[1])))
+    return worst
+
+
+def attribute(node, name, default=None):
+    """A node's attribute value by name, or `default`."""
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+# Integer matmuls: (the weight's input, its scale's input or None: found past the op, its zero point's input)
+INTEGER_MATMULS = {"MatMulInteger": (1, None, 3), "DynamicQuantizeMatMul": (1, 2, 3), "QLinearMatMul": (3, 4, 5)}
+
+
+def _input(node, i):
+    return node.input[i] if len(node.input) > i and node.input[i] else None
+
+
+def integer_quant(node, codes, flipped, width, producer, consumers, model):
+    """The Quant of an integer matmul's weight `codes` (stored [width, vocab] unless `flipped`): its scale is an
+    input of the op, or (MatMulInteger) the initializer its output is multiplied by."""
+    _, scale_at, zero_at = INTEGER_MATMULS[node.op_type]
+    scale = _input(node, scale_at) if scale_at is not None else _scale_after(node, producer, consumers, model)
+    return Quant(codes, scale, _input(node, zero_at), 8, False, axis=1 - flipped, tokens_axis=1 - flipped,
+                 width=width)
+
+
+def _scale_after(node, producer, consumers, model):
+    """MatMulInteger's weight scale: quantize_dynamic multiplies its (cast) output by a_scale x b_scale, b_scale an
+    initializer; None where the graph does not say."""
+    out = node.output[0] if node.output else None
+    for _ in range(2):  # the Mul, or a Cast then the Mul
+        nexts = consumers.get(out, [])
+        if len(nexts) != 1:
+            return None
+        step = nexts[0]
+        if step.op_type == "Mul":
+            for other in (n for n in step.input if n != out):
+                if other in model.tensors:
+                    return other
+                maker = producer.get(other)
+                found = [n for n in maker.input if n in model.tensors] if maker is not None and \
+                    maker.op_type == "Mul" else []
+                if len(found) == 1:
+                    return found[0]
+            return None
+        if step.op_type != "Cast" or not step.output:
+            return None
+        out = step.output[0]
+    return None
+
+
+def dq_quant(model, codes, consumers, as_table, width):
+    """The Quant of a head read through DequantizeLinear (QDQ): its scale, zero point, axis and block."""
+    node = next((n for n in consumers.get(codes, []) if n.op_type == "DequantizeLinear" and n.input[0] == codes),
+                None)
+    if node is None or model.tensors[codes].data_type not in (TensorProto.INT8, TensorProto.UINT8,
+                                                              TensorProto.INT4, TensorProto.UINT4):
+        return None
+    tokens_axis = 0 if as_table else 1
+    block = attribute(node, "block_size", 0)
+    return Quant(codes, _input(node, 1), _input(node, 2), 4 if "4" in model.tensors[codes].type_name else 8, False,
+                 axis=attribute(node, "axis", 1) % 2, block=block if isinstance(block, int) and block > 0 else None,
+                 tokens_axis=tokens_axis, width=width)
+
+
+def gbq_quant(node, codes, scales, tensor, block, width):
+    """The Quant of a GatherBlockQuantized table: the block layout (3-D codes) or ONNX's (2-D, blocked along
+    quantize_axis; unsigned codes without a zero point are offset by 2^(bits-1), as the op defaults)."""
+    bits = attribute(node, "bits", 4)
+    zero = _input(node, 3)
+    if len(tensor.dims) == 3:
+        return Quant(codes, scales, zero, bits, True, width=width)
+    unsigned = tensor.data_type in (TensorProto.UINT4, TensorProto.UINT8)
+    return Quant(codes, scales, zero, bits, False, axis=attribute(node, "quantize_axis", 1) % 2, block=block,
+                 tokens_axis=attribute(node, "gather_axis", 0) % 2, width=width,
+                 default_zero=2 ** (bits - 1) if unsigned else 0)

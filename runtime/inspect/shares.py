@@ -1,0 +1,104 @@
+"""What the vocabulary line says about a table beyond its bytes: its share of the parameters as Hugging Face counts
+them, the constant its looked-up rows are multiplied by (Gemma's sqrt(width)), and whether it holds tokens or
+positions."""
+import math
+
+from onnx import TensorProto, numpy_helper
+
+_FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+_CODES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4)
+# Inputs that hold quantization scales and zero points (not parameters), by op: the codes beside them are.
+_QUANT_INPUTS = {"DequantizeLinear": (1, 2), "MatMulNBits": (2, 3, 4), "GatherBlockQuantized": (2, 3),
+                 "MatMulInteger": (2, 3), "DynamicQuantizeMatMul": (2, 3), "QLinearMatMul": (1, 2, 4, 5, 6, 7),
+                 "MatMulIntegerToFloat": (2, 3, 4, 5)}
+# Inputs that hold constant caches a model computes from its config (rotary cos / sin tables).
+_CACHE_INPUTS = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}
+_ROW_PASS = ("Slice", "Reshape", "Cast", "Identity")  # between a lookup and the Mul that scales its rows
+
+
+def parameters(model, tables, heads, pairs):
+    """(count, what was counted): float weights and quantized codes, each table or head at vocab x width (padding
+    and two-codes-a-byte packing undone), a head that duplicates its table (or holds it quantized) once; scales,
+    zero points, rotary caches and integer constants (shapes, masks) not counted."""
+    skipped = {p["head"] for p in pairs if p["relation"] in ("duplicate", "transposed_duplicate", "quantized_copy")}
+    for node in model.proto.graph.node:
+        for i in _QUANT_INPUTS.get(node.op_type, ()) + _CACHE_INPUTS.get(node.op_type, ()):
+            if i < len(node.input):
+                skipped.add(node.input[i])
+    for entry in tables + heads:  # a scale found past the op (MatMulInteger's) is not an input of it
+        quant = entry.get("quant")
+        if quant is not None:
+            skipped.update(n for n in (quant.scale, quant.zero_point) if n)
+    logical = {e["initializer"]: e["vocab"] * e["width"] for e in tables + heads if e.get("quant") or
+               e["format"] == "int4"}
+    decoded = {n.input[0] for n in model.proto.graph.node if n.op_type == "DequantizeLinear" and n.input}
+    count = 0
+    for tensor in model.tensors.values():
+        if tensor.name in skipped:
+            continue
+        if tensor.name in logical:
+            count += logical[tensor.name]
+        elif tensor.data_type in _FLOATS or (tensor.data_type in _CODES and tensor.name in decoded):
+            count += tensor.elements
+    return count, ("float weights and quantized codes (a duplicated head once; scales, zero points, rotary caches "
+                   "and integer constants not counted)")
+
+
+def _constant(name, producer, model):
+    """The value of a scalar float constant (an initializer or a Constant node), or None."""
+    tensor = model.tensors.get(name)
+    if tensor is not None:
+        if tensor.data_type not in _FLOATS or tensor.elements != 1:
+            return None
+        values = tensor.values()
+        return None if values is None else float(values.reshape(-1)[0])
+    node = producer.get(name)
+    if node is None or node.op_type != "Constant" or len(node.attribute) != 1:
+        return None
+    value = node.attribute[0]
+    if value.name == "value_float":
+        return float(value.f)
+    if value.name == "value" and value.t.data_type in _FLOATS and math.prod(value.t.dims) == 1:
+        return float(numpy_helper.to_array(value.t).reshape(-1)[0])
+    return None
+
+
+def row_scale(model, table, producer, consumers):
+    """(constant, whether it is sqrt(width) to bfloat16's precision) when the looked-up rows are multiplied by a
+    scalar constant (past a Slice, Reshape or Cast), else (None, None)."""
+    out = table["node"].output[0] if table["node"].output else None
+    for _ in range(4):
+        readers = [r for r in consumers.get(out, []) if r.op_type != "Shape"]  # a Shape reads no values
+        if len(readers) != 1:
+            return None, None
+        node = readers[0]
+        if node.op_type == "Mul":
+            other = [n for n in node.input if n != out]
+            value = _constant(other[0], producer, model) if len(other) == 1 else None
+            if value is None:
+                return None, None
+            return value, abs(value / math.sqrt(table["width"]) - 1) <= 2**-8
+        if node.op_type not in _ROW_PASS or not node.output:
+            return None, None
+        out = node.output[0]
+    return None, None
+
+
+def kind(model, table, producer, most=256):
+    """"position" when what feeds the lookup comes from a graph input named for positions or is computed by a Range
+    or CumSum (positions counted from the mask); else "token"."""
+    inputs = {v.name for v in model.proto.graph.input}
+    seen, todo = set(), [table["node"].input[1]] if len(table["node"].input) > 1 else []
+    while todo and len(seen) < most:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in inputs and "position" in name.lower():
+            return "position"
+        node = producer.get(name)
+        if node is not None:
+            if node.op_type in ("Range", "CumSum"):
+                return "position"
+            todo.extend(n for n in node.input if n)
+    return "token"
