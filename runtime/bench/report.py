@@ -172,12 +172,14 @@ def plot_formats(rows, path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 5))
     markers = dict(zip(("float32", "float16", "bfloat16", "int8", "int4"), "os^Dv"))
+    colors = {}
     for (vocab, width) in dict.fromkeys((r["vocab"], r["width"]) for r in rows):
         here = [r for r in rows if (r["vocab"], r["width"]) == (vocab, width)]
         ax.plot([r["token_s"] * 1e3 for r in here], [r["resident_bytes"] / 2**20 for r in here], ":", color="grey")
         for r in here:
             name = r["format"] + (f", {r['variant']}" if r.get("variant") else "")
             ax.plot(r["token_s"] * 1e3, r["resident_bytes"] / 2**20, markers.get(name, "x"), markersize=8,
+                    color=colors.setdefault(name, f"C{len(colors)}"),  # one colour per format, every size
                     label=name if (vocab, width) == (rows[0]["vocab"], rows[0]["width"]) else None)
             ax.annotate(f"{vocab}x{width}", (r["token_s"] * 1e3, r["resident_bytes"] / 2**20), fontsize=6,
                         xytext=(3, 3), textcoords="offset points")
