@@ -18,20 +18,27 @@ from runtime.resident import prepacked_copies
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
 
-Tables are initializers a Gather reads rows from; heads are the weights of a MatMul, Gemm or FusedMatMul,
-seen through Identity and Transpose. Each table/head pair of matching shape is `shared` (one initializer), `duplicate`
-(same values), `transposed_duplicate` (same values, transposed) or `distinct`. Runtime copies are the
-initializers onnxruntime's optimized model adds, and the copies kernels prepack at load under onnxruntime's
-default SessionOptions (named by node and kernel). What a session then holds is measured after one run, in a
-fresh child with the defaults and one with session.disable_prepacking=1: copies of each table, resident
-bytes (anonymous and file-backed). --retie makes each duplicated or transposed head read its table in place
-through a run-time view nothing prepacks, proves it, and copies genai_config.json (naming OUT), config and
-tokenizer files beside OUT, never over a file. The model is untrusted: every tensor is checked before it
-is read, external data must lie inside the model's folder, and onnxruntime runs in a child process under
---timeout and --memory-limit, so a crash there is reported, not suffered."""
+Tables are initializers a Gather or GatherBlockQuantized reads rows from; heads are the weights of a MatMul,
+Gemm, FusedMatMul, MatMulNBits or integer matmul (MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul), seen
+through Identity, Transpose, Reshape, Cast, Squeeze, Unsqueeze and DequantizeLinear. Each table/head pair of
+matching shape is `shared` (one initializer), `duplicate` (same values; quantized: same codes and scales in any
+layout), `transposed_duplicate`, `quantized_copy` (one holds the other quantized: not a tie) or `distinct`.
+Each vocabulary line gives a table's size, format, tie, and share of the parameters as Hugging Face counts them,
+then what a session holds: copies under onnxruntime's default SessionOptions (prepacked ones counted) and with
+session.disable_prepacking=1, and the resident bytes one run adds, measured in a fresh child each. Runtime copies
+are the initializers onnxruntime's optimized model adds and the copies kernels prepack at load. The model is run
+on decoder feeds derived from it (past length at least any sliding window it declares; --proof-past overrides).
+
+--retie writes OUT with each duplicated head, and each head read through a Transpose, a Gemm on its table through
+a run-time view nothing prepacks; an int4 lookup reading the head's packed codes in place; and copies
+genai_config.json (naming OUT), config and tokenizer files beside OUT. It proves the change first (heads within
+float32's bound, everything else bit for bit) and never overwrites. The model is untrusted: every tensor is
+checked before it is read, external data must lie inside the model's folder, and onnxruntime runs in a child
+process under --timeout and --memory-limit, so a crash there is reported, not suffered."""
 
 EPILOG = """exit status: 0 report written (and OUT, if --retie had something to do); 1 the retie proof failed,
-nothing written; 2 bad usage, or a model that cannot be read safely (one line on stderr)."""
+nothing written; 2 bad usage, a model that cannot be read safely, or one that cannot be proven on this machine
+(onnxruntime cannot run the original on the proof's feeds) (one line on stderr)."""
 
 
 def inspect_model(path, folder, limits=None, proof_past=None):
@@ -97,7 +104,7 @@ def _report(info, path, out):
     tables = [f"{t['initializer']} ({t['node'].op_type}{_views(t)})" for t in info["tables"]]
     w("tables (read by Gather/GatherBlockQuantized): " + (", ".join(tables) or "none") + "\n")
     heads = [f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in info["heads"]]
-    w("heads (MatMul/Gemm/FusedMatMul/MatMulNBits weights): " + (", ".join(heads) or "none") + "\n")
+    w("heads (MatMul/Gemm/FusedMatMul/MatMulNBits/integer matmul weights): " + (", ".join(heads) or "none") + "\n")
     for p in info["pairs"]:
         gap = (f" (largest difference {p['max_error_in_scales']:.3g} of the quantized one's scale)"
                if p["relation"] == "quantized_copy" else "")
