@@ -96,11 +96,33 @@ def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False
                 f.write(model.SerializeToString())
         if check:
             onnx.checker.check_model(staged, full_check=True)
-        for target in reversed(targets):  # the data first: once the model file appears, it is whole
-            os.replace(os.path.join(staging, os.path.basename(target)), target)
+        _place(staging, targets, overwrite)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return targets
+
+
+def _place(staging, targets, overwrite):
+    """Give the staged files their names, the data first (once the model file appears, it is whole). Without
+    `overwrite` each is hard-linked into place, which fails rather than replace a file that appeared meanwhile
+    (another writer racing for the same name): what this call placed is then removed and FileExistsError raised."""
+    placed = []
+    for target in reversed(targets):
+        staged = os.path.join(staging, os.path.basename(target))
+        if overwrite:
+            os.replace(staged, target)
+            continue
+        try:
+            os.link(staged, target)
+        except FileExistsError:
+            for done in placed:
+                os.remove(done)
+            raise FileExistsError(f"{target} appeared while writing; refusing to overwrite it") from None
+        except OSError:  # a filesystem without hard links: checked above, replaced now
+            if os.path.lexists(target):
+                raise FileExistsError(f"{target} exists; refusing to overwrite it") from None
+            os.replace(staged, target)
+        placed.append(target)
 
 
 def _large(tensor, min_bytes):

@@ -2,6 +2,7 @@
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 
@@ -10,7 +11,7 @@ import onnxruntime as ort
 import graphs
 from embed import OneLineParser, UsageError
 from runtime.inspect import feeds, isolated, memory
-from runtime.inspect.reading import InspectError, load
+from runtime.inspect.reading import InspectError, load, printable
 from runtime.inspect.relations import SMALL_COPY, relate, runtime_copies, vocabulary
 from runtime.inspect.retie import retie
 from runtime.inspect.walk import find_tables_and_heads
@@ -142,6 +143,13 @@ def _details(v):
                "of its scale): a copy up to rounding, not a tie")
 
 
+class _Clean:
+    """A stream whose write() makes each line printable."""
+
+    def __init__(self, stream):
+        self.write = _writer(stream)
+
+
 def _copies(n):
     return f"{n} cop{'y' if n == 1 else 'ies'}"
 
@@ -205,6 +213,20 @@ def _check_out(out, model):
         raise InspectError(f"{os.path.dirname(out)}: no such folder for OUT")
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the process is, so every `with` and `finally` on the way out runs: the scratch folder
+    and a staged OUT are removed and the isolated child is killed."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated()
+
+
+def _writer(stream):
+    """stream.write with every line made printable (names in the model are untrusted text)."""
+    return lambda text: stream.write(printable(text))
+
+
 def main(argv=None):
     parser = OneLineParser(prog="python -m runtime.inspect", description=DESCRIPTION, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -219,6 +241,10 @@ def main(argv=None):
                         help="past tokens (KV cache length) in the decoder feeds the model is run and proven on "
                              f"(default {feeds.PAST}, or the longest sliding window the model or the "
                              "genai_config.json / config.json beside it declares)")
+    for stream in (sys.stdout, sys.stderr):  # a name an ASCII terminal cannot show is escaped, not an error
+        stream.reconfigure(errors="backslashreplace")
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         args = parser.parse_args(argv)
         if args.retie is not None:
@@ -227,15 +253,27 @@ def main(argv=None):
         limits = isolated.Limits(args.timeout, memory)
         with tempfile.TemporaryDirectory(prefix="onnx-lab-inspect-") as folder:
             info = inspect_model(args.model, folder, limits, args.proof_past)
-            say = sys.stderr.write if args.json else sys.stdout.write
-            if args.json:
+            say = _writer(sys.stderr if args.json else sys.stdout)
+            if args.json:  # json.dumps escapes every control and non-ASCII character itself
                 sys.stdout.write(json.dumps(_json(info), indent=2) + "\n")
             else:
-                _report(info, args.model, sys.stdout)
+                _report(info, args.model, _Clean(sys.stdout))
             return retie(info["model"], info, args.retie, folder, limits, say) if args.retie is not None else 0
     except UsageError as e:
         print(e, file=sys.stderr)
         return 2
-    except InspectError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+    except (InspectError, FileExistsError) as e:
+        print(printable(f"{parser.prog}: error: {e}"), file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader stopped (| head): run_cli ends quietly
+        raise
+    except OSError as e:  # EIO on read, a read-only or full OUT folder or TMPDIR: the system's one line
+        where = f"{e.filename}: " if e.filename else ""
+        print(printable(f"{parser.prog}: error: {where}{e.strerror or e}"), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted; no partial file left", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print(f"{parser.prog}: terminated; no partial file left", file=sys.stderr)
+        return 143

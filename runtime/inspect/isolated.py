@@ -66,6 +66,10 @@ def call(job, what, limits, model_bytes):
         child.communicate()
         raise InspectError(f"onnxruntime did not finish {what} within {limits.timeout:g} s and was stopped "
                            "(raise --timeout if the model is simply large)") from None
+    except BaseException:  # interrupted or terminated: no child outlives the tool
+        child.kill()
+        child.wait()
+        raise
     err = err.decode(errors="replace")
     if child.returncode < 0:
         name = signal.Signals(-child.returncode).name

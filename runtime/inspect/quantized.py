@@ -7,7 +7,9 @@ it was made from."""
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import AttributeProto, TensorProto
+
+from runtime.inspect.reading import InspectError
 
 _CHUNK = 8 * 2**20  # float64 values decoded at a time
 _SIGNED = {TensorProto.INT4: True, TensorProto.UINT4: False, TensorProto.INT8: True, TensorProto.UINT8: False}
@@ -165,8 +167,18 @@ def gap(model, values, q, vocab):
 
 
 def attribute(node, name, default=None):
-    """A node's attribute value by name, or `default`."""
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+    """A node's int attribute by name, or `default` when it has none. One of another type (a string, a float, an
+    untyped or reference attribute) is an InspectError: every attribute read here is an INT in a valid model."""
+    for a in node.attribute:
+        if a.name != name:
+            continue
+        if a.ref_attr_name or a.type != AttributeProto.INT:
+            kind = f"a reference to {a.ref_attr_name!r}" if a.ref_attr_name else AttributeProto.AttributeType.Name(a.type)
+            label = node.name or (node.output[0] if node.output else "")
+            raise InspectError(f"{node.op_type} node {label!r}: attribute {name} is {kind}, not an INT: not a valid "
+                               "ONNX model")
+        return a.i
+    return default
 
 
 # Integer matmuls: (the weight's input, its scale's input or None: found past the op, its zero point's input)

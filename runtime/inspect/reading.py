@@ -8,6 +8,7 @@ until a comparison reads it.
 import math
 import os
 import stat
+import unicodedata
 
 import numpy as np
 import onnx
@@ -23,6 +24,19 @@ _ORT_MEMORY_MARKER = "_ORT_MEM_ADDR_"  # onnxruntime reads such a "location" fro
 
 class InspectError(Exception):
     """Bad input or a model that cannot be read safely: one line on stderr, exit 2."""
+
+
+_UNSAFE = ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")  # controls, format marks, line breaks, surrogates, unassigned
+
+
+def printable(text):
+    """`text` with every control, format, line-separator, surrogate or unassigned character written as an escape
+    (\\x1b, \\u2028), one final newline kept: a name in the model cannot move the cursor, set a window title or
+    forge a report line."""
+    end = "\n" if text.endswith("\n") else ""
+    body = text[:len(text) - len(end)]
+    return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in _UNSAFE else c
+                   for c in body) + end
 
 
 class Tensor:
@@ -133,6 +147,9 @@ def _external(tensor, folder, nbytes, files):
     return path, offset, length
 
 
+_PROTOBUF_MOST = 2**31 - 1  # protobuf's limit on a serialized message
+
+
 def _not_sparse(files):
     """Refuse a data file that declares far more tensor bytes than it holds on disk (holes read as zeros:
     a few KiB could otherwise make onnxruntime materialise gigabytes)."""
@@ -213,12 +230,31 @@ def _all_tensors(graph):
                 stack.extend(a.graphs)
 
 
+def _names_are_text(graph):
+    """InspectError unless every name in the main graph is text: protobuf hands a string field that is not valid
+    UTF-8 over as bytes, and ONNX requires UTF-8."""
+    values = list(graph.input) + list(graph.output) + list(graph.value_info)
+    fields = [t.name for t in graph.initializer] + [v.name for v in values]
+    for node in graph.node:
+        fields += [node.name, node.op_type, node.domain, *node.input, *node.output]
+    bad = next((f for f in fields if isinstance(f, bytes)), None)
+    if bad is not None:
+        raise InspectError(f"a name is not valid UTF-8 ({bad[:60]!r}): not a valid ONNX model")
+
+
 def load(path, folder=None):
     """Parse `path` and check every tensor in it (main graph, subgraphs, attributes): a Model, or InspectError.
 
     `folder` is where external data may live (default: the model's own folder). Nothing outside it is opened.
     """
-    size = _regular_file(path, os.fspath(path)).st_size
+    info = _regular_file(path, os.fspath(path))
+    size = info.st_size
+    if size > _PROTOBUF_MOST:
+        raise InspectError(f"{path}: {size} bytes, more than a protobuf holds (2 GiB; larger tensors go in external "
+                           "data): not an ONNX model file")
+    if size > _SPARSE_FROM and info.st_blocks * 512 < size // 2:
+        raise InspectError(f"{path}: holds {info.st_blocks * 512} bytes on disk but is {size} long: a sparse file; "
+                           "refused")
     with open(path, "rb") as f:
         data = f.read()
     proto = onnx.ModelProto()
@@ -228,6 +264,7 @@ def load(path, folder=None):
         raise InspectError(f"{path}: not an ONNX model (it does not parse; truncated?)") from None
     if proto.ir_version <= 0 or not proto.opset_import or not proto.HasField("graph"):
         raise InspectError(f"{path}: not an ONNX model (no IR version, opset or graph)")
+    _names_are_text(proto.graph)
     folder = os.path.realpath(folder or os.path.dirname(os.path.abspath(path)))
     files, tensors = {}, {}
     for tensor, top in _all_tensors(proto.graph):

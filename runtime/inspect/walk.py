@@ -183,6 +183,10 @@ def find_tables_and_heads(model):
                     entry["quant"] = dq_quant(model, weight[0], consumers, entry["as_table"], entry["width"])
                 heads.append(entry)
         elif node.op_type == "MatMulNBits" and weight and len(node.input) >= 3:
+            if not all(isinstance(attribute(node, k), int) and attribute(node, k) > 0 for k in ("N", "K")):
+                raise InspectError(f"MatMulNBits node {node.name or (node.output[0] if node.output else '')!r} has no "
+                                   "positive N and K: "
+                                   "not a valid model")
             scales = resolve(node.input[2])
             entry = _entry(model, weight, node, "head", scales and scales[0], attribute(node, "bits", 4),
                            attribute(node, "N"), attribute(node, "K"))
