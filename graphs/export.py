@@ -64,5 +64,10 @@ def main(argv=None):
     return 0
 
 
+def console():
+    """The `onnx-lab-export` command an install gives (pyproject.toml)."""
+    run_cli(main)
+
+
 if __name__ == "__main__":
     run_cli(main)

@@ -181,3 +181,26 @@ def test_a_qdq_head_holding_the_table_quantized_is_found(tmp_path):
     expected = np.max(np.abs(codes.T.astype(np.float64) * scale[:, None] - table) / scale[:, None])
     assert pair["relation"] == "quantized_copy" and abs(pair["max_error_in_scales"] - expected) <= 1e-3
     assert not data["vocabulary"][0]["tied"]
+
+
+def test_gemma2_soft_capped_head_is_retied_and_proven(tmp_path):
+    source = os.path.join(FIXTURES, "genai_gemma2_fp32", "model.onnx")
+    out = tmp_path / "retied.onnx"
+    done = run(source, "--retie", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert token_entry(report("genai_gemma2_fp32"))["tables_in_memory"] == 2
+    assert token_entry(json.loads(run(out, "--json").stdout))["tables_in_memory"] == 1
+    # logits = 30 tanh(h t^T / 30): both models within float32's bound of the exact value, computed here
+    original = onnx.load(source)
+    head = [n for n in original.graph.node if n.op_type == "MatMul" and n.input[1] == "lm_head.MatMul.weight"][0]
+    original.graph.output.append(helper.make_empty_tensor_value_info(head.input[0]))
+    table = numpy_helper.to_array([t for t in original.graph.initializer if t.name == "lm_head.MatMul.weight"][0]).T
+    shape = feeds.plan(original, source)
+    inputs = feeds_for(original, {"input_ids": VOCAB}, np.random.default_rng(6), 16, shape["past"], 3)
+    before, hidden = ort.InferenceSession(original.SerializeToString()).run(["logits", head.input[0]], inputs)
+    (after,) = ort.InferenceSession(str(out)).run(["logits"], inputs)
+    h, t = hidden.astype(np.float64), table.astype(np.float64)
+    exact = 30 * np.tanh(h @ t.T / 30)
+    u = 2.0**-24
+    bound = WIDTH * u / (1 - WIDTH * u) * (np.abs(h) @ np.abs(t).T) + 16 * u * np.abs(exact) + 1e-30
+    assert np.all(np.abs(before - exact) <= bound) and np.all(np.abs(after - exact) <= bound)

@@ -131,3 +131,8 @@ def main(argv=None, description="", impl=embed):
                     onnxruntime=ort.__version__, onnx=onnx.__version__, u=U)
         _write_json(config.json, {"passed": failed == 0, "config": data, "checks": [asdict(c) for c in checks]})
     return 1 if failed else 0
+
+
+def console():
+    """The `onnx-lab-compare` command an install gives (pyproject.toml)."""
+    embed.run_cli(main)

@@ -5,11 +5,12 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 
 import onnxruntime as ort
 
 import graphs
-from embed import OneLineParser, UsageError
+from embed import OneLineParser, UsageError, run_cli
 from runtime.inspect import feeds, isolated, memory
 from runtime.inspect.reading import InspectError, load, printable
 from runtime.inspect.relations import SMALL_COPY, relate, runtime_copies, vocabulary
@@ -242,8 +243,9 @@ def main(argv=None):
                              f"(default {feeds.PAST}, or the longest sliding window the model or the "
                              "genai_config.json / config.json beside it declares)")
     for stream in (sys.stdout, sys.stderr):  # a name an ASCII terminal cannot show is escaped, not an error
-        stream.reconfigure(errors="backslashreplace")
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminate)
     try:
         args = parser.parse_args(argv)
@@ -277,3 +279,8 @@ def main(argv=None):
     except _Terminated:
         print(f"{parser.prog}: terminated; no partial file left", file=sys.stderr)
         return 143
+
+
+def console():
+    """The `onnx-lab-inspect` command an install gives (pyproject.toml)."""
+    run_cli(main)

@@ -44,7 +44,7 @@ def parameters(model, tables, heads, pairs):
                    "and integer constants not counted)")
 
 
-def _constant(name, producer, model):
+def scalar_constant(name, producer, model):
     """The value of a scalar float constant (an initializer or a Constant node), or None."""
     tensor = model.tensors.get(name)
     if tensor is not None:
@@ -74,7 +74,7 @@ def row_scale(model, table, producer, consumers):
         node = readers[0]
         if node.op_type == "Mul":
             other = [n for n in node.input if n != out]
-            value = _constant(other[0], producer, model) if len(other) == 1 else None
+            value = scalar_constant(other[0], producer, model) if len(other) == 1 else None
             if value is None:
                 return None, None
             return value, abs(value / math.sqrt(table["width"]) - 1) <= 2**-8
