@@ -87,15 +87,26 @@ def prepacked_copies(optimized):
     return copies
 
 
+_INDEXED = {}  # id(model) -> (model, its initializer names, readers(model)): asked once per table of one model
+
+
+def _indexed(model):
+    hit = _INDEXED.get(id(model))
+    if hit is None or hit[0] is not model:
+        if len(_INDEXED) >= 4:
+            _INDEXED.clear()
+        hit = _INDEXED[id(model)] = (model, {t.name for t in model.graph.initializer}, readers(model))
+    return hit[1], hit[2]
+
+
 def copies_held(names, optimized, prepacked, prepacking):
     """How many copies of the tensors `names` (a table, a duplicate of it, the copies folded from them) a session
     holds: those the optimized model keeps, plus the prepacked copies of them when prepacking is on, less each
     original every reader of which prepacked it (onnxruntime then frees it)."""
-    kept = {t.name for t in optimized.graph.initializer}
+    kept, reading = _indexed(optimized)
     present = [n for n in dict.fromkeys(names) if n in kept]
     if not prepacking:
         return len(present)
-    reading = readers(optimized)
     packed = {n: sum(p["initializer"] == n for p in prepacked) for n in present}
     released = sum(1 for n in present if packed[n] and packed[n] >= len(reading.get(n, [])))
     return len(present) + sum(packed.values()) - released

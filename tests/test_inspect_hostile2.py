@@ -133,3 +133,44 @@ def test_a_signal_leaves_nothing_behind(tmp_path, sig, code, word):
     assert [n for n in os.listdir(scratch) if n != ".ses"] == [] and not out.exists()
     children = subprocess.run(["pgrep", "-f", str(scratch)], capture_output=True, text=True).stdout
     assert children == ""  # no isolated child outlives the tool
+
+
+def many_tables(count):
+    """`count` lookups and `count` heads, all of one shape and all different: count^2 pairs to relate."""
+    rng = np.random.default_rng(0)
+    nodes, initializers, outputs = [], [], []
+    for i in range(count):
+        initializers += [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), f"t{i}"),
+                         numpy_helper.from_array(rng.standard_normal((4, 8)).astype(np.float32), f"h{i}")]
+        nodes += [helper.make_node("Gather", [f"t{i}", "ids"], [f"e{i}"]),
+                  helper.make_node("MatMul", ["hidden", f"h{i}"], [f"l{i}"])]
+        outputs += [helper.make_tensor_value_info(f"e{i}", TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info(f"l{i}", TensorProto.FLOAT, None)]
+    return model_of(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
+                            helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["n", 4])],
+                    outputs, initializers)
+
+
+def test_many_tables_and_heads_take_seconds_not_minutes(tmp_path):
+    path = tmp_path / "many.onnx"
+    onnx.save(many_tables(400), path)
+    start = time.monotonic()
+    code, out, err = inspect_cli(path, timeout=300)
+    assert code == 0, err
+    assert "160000 table/head pairs of matching shape are distinct" in out
+    assert time.monotonic() - start < 120  # a hang guard for a shared machine: it takes about 5 s here
+
+
+def test_a_retie_past_thousands_of_dead_nodes_is_quick(tmp_path):
+    model = onnx.load(os.path.join(FIXTURES, "torchscript_tied.onnx"))
+    previous = model.graph.input[0].name
+    for i in range(8000):  # a chain nobody reads: every pass of a naive sweep removes one
+        model.graph.node.append(helper.make_node("Identity", [previous], [f"dead{i}"]))
+        previous = f"dead{i}"
+    path, out = tmp_path / "dead.onnx", tmp_path / "retied.onnx"
+    onnx.save(model, path)
+    start = time.monotonic()
+    code, _, err = inspect_cli(path, "--retie", out, timeout=300)
+    assert code == 0 and out.exists(), err
+    assert not [n for n in onnx.load(out).graph.node if n.output[0].startswith("dead")]
+    assert time.monotonic() - start < 120  # a hang guard: seconds here, where every pass once took minutes

@@ -83,6 +83,9 @@ def inspect_model(path, folder, limits=None, proof_past=None):
             "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values())}
 
 
+_DISTINCT_LISTED = 16  # more distinct pairs than this are counted in the text report, not listed
+
+
 def _report(info, path, out):
     w = out.write
     w(f"{path}: {len(info['initializers'])} initializers, {info['file_bytes']} bytes on disk; as onnxruntime "
@@ -107,10 +110,14 @@ def _report(info, path, out):
     w("tables (read by Gather/GatherBlockQuantized): " + (", ".join(tables) or "none") + "\n")
     heads = [f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in info["heads"]]
     w("heads (MatMul/Gemm/FusedMatMul/MatMulNBits/integer matmul weights): " + (", ".join(heads) or "none") + "\n")
-    for p in info["pairs"]:
+    distinct = [p for p in info["pairs"] if p["relation"] == "distinct"]
+    listed = [p for p in info["pairs"] if p["relation"] != "distinct" or len(distinct) <= _DISTINCT_LISTED]
+    for p in listed:
         gap = (f" (largest difference {p['max_error_in_scales']:.3g} of the quantized one's scale)"
                if p["relation"] == "quantized_copy" else "")
         w(f"pair {p['table']} / {p['head']}: {p['relation']}{gap}, {p['wasted_bytes']} bytes wasted in the file\n")
+    if len(distinct) > _DISTINCT_LISTED:
+        w(f"{len(distinct)} table/head pairs of matching shape are distinct (each listed under --json)\n")
     if not info["pairs"]:
         w("no table/head pair of matching shape\n")
     small = [c for c in info["runtime_copies"] if c["bytes"] < SMALL_COPY and "copy_of" not in c]

@@ -1,4 +1,6 @@
 """What is tied to what: table/head pairs, and the copies onnxruntime's optimized model adds."""
+import hashlib
+
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto
@@ -34,12 +36,13 @@ def relate(model, tables, heads):
     whatever layout), `quantized_copy` (a float table and a quantized one holding its values up to rounding:
     max_error_in_scales is their largest difference in units of the quantized one's scale; never a tie), or
     `distinct`."""
-    pairs = []
+    pairs, digest = [], _Digests(model)
+    by_shape = {}
+    for head in heads:
+        by_shape.setdefault((head["vocab"], head["width"]), []).append(head)
     for table in tables:
         t = model.tensors[table["initializer"]]
-        for head in heads:
-            if (head["vocab"], head["width"]) != (table["vocab"], table["width"]):
-                continue
+        for head in by_shape.get((table["vocab"], table["width"]), []):
             h = model.tensors[head["initializer"]]
             transposed = _stored_as_table(table) != _stored_as_table(head)
             gap = None
@@ -47,6 +50,8 @@ def relate(model, tables, heads):
                 relation, wasted = "shared", 0
             elif table.get("quant") or head.get("quant"):
                 relation, wasted, gap = _quantized_relation(model, table, head, transposed)
+            elif digest(table) != digest(head):  # one hash per tensor, not one comparison per pair
+                relation, wasted = "distinct", 0
             elif same_values(t, h, transposed=transposed) and _same_scales(model, table["scales"], head["scales"]):
                 relation, wasted = ("transposed_duplicate" if transposed else "duplicate"), head["bytes"]
             else:
@@ -56,6 +61,38 @@ def relate(model, tables, heads):
                           "via_transpose": head["flips"] > 0 or table["flips"] > 0, "table_entry": table,
                           "head_entry": head, "max_error_in_scales": gap})
     return pairs
+
+
+class _Digests:
+    """A digest of each entry's values as [vocab, width] rows (the tensor's type in it), computed once per
+    initializer a chunk of rows at a time: equal values give equal digests, so pairs with different digests are
+    distinct without a comparison; None (compare them) for packed codes stored the other way round."""
+
+    def __init__(self, model):
+        self.model, self.known = model, {}
+
+    def __call__(self, entry):
+        key = (entry["initializer"], _stored_as_table(entry))
+        if key not in self.known:
+            self.known[key] = self._digest(self.model.tensors[entry["initializer"]], key[1])
+        return self.known[key]
+
+    @staticmethod
+    def _digest(tensor, as_table):
+        h = hashlib.blake2b(f"{tensor.data_type}".encode(), digest_size=16)
+        values = tensor.values()
+        if values is None or len(tensor.dims) != 2:
+            if not as_table:
+                return None
+            raw = tensor.raw()
+            for i in range(0, len(raw), _CHUNK):
+                h.update(np.asarray(raw[i:i + _CHUNK]).tobytes())
+            return h.digest()
+        rows = values if as_table else values.T
+        step = max(1, _CHUNK // max(1, values.itemsize * rows.shape[1]))
+        for i in range(0, rows.shape[0], step):
+            h.update(np.ascontiguousarray(rows[i:i + step]).tobytes())
+        return h.digest()
 
 
 ROUNDING = 1 + 2**-10  # half a scale rounding to nearest, up to one where a code range [-8, 7] clips its edge (MLAS)
@@ -155,8 +192,11 @@ def vocabulary(model, tables, heads, pairs, copies, held):
             consumers.setdefault(name, []).append(node)
     total_bytes = sum(t.nbytes for t in model.tensors.values())
     entries = []
+    by_table = {}
+    for p in pairs:
+        by_table.setdefault(p["table"], []).append(p)
     for table in tables:
-        mine = [p for p in pairs if p["table"] == table["initializer"]]
+        mine = by_table.get(table["initializer"], [])
         tie = next((p for p in mine if p["relation"] == "shared"), None) or next(
             (p for p in mine if p["relation"] in ("duplicate", "transposed_duplicate")), None)
         stored = {table["initializer"]} | ({tie["head"]} if tie else set())

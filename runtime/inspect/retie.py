@@ -201,18 +201,35 @@ def _gemm_head(graph, model, node, table, vocab, width, i):
 
 
 def _drop_dead(graph):
-    """Remove nodes whose outputs nobody reads, then initializers nobody reads."""
+    """Remove nodes whose outputs nobody reads (and what then feeds only them), then initializers nobody reads.
+    Linear in nodes and edges: each node is dropped once, counting down its inputs' readers."""
+    nodes = list(graph.node)
+    readers = {}
+    for node in nodes:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
     outputs = {o.name for o in graph.output}
-    while True:
-        read = {name for node in graph.node for name in node.input} | outputs
-        dead = [n for n in graph.node if not any(o in read for o in n.output)]
-        if not dead:
-            break
-        for node in dead:
-            graph.node.remove(node)
+    producer = {out: i for i, node in enumerate(nodes) for out in node.output}
+
+    def unread(node):
+        return not any(readers.get(o, 0) or o in outputs for o in node.output)
+
+    dead, todo = set(), [i for i, node in enumerate(nodes) if unread(node)]
+    while todo:
+        i = todo.pop()
+        if i in dead:
+            continue
+        dead.add(i)
+        for name in nodes[i].input:
+            readers[name] -= 1
+            j = producer.get(name)
+            if j is not None and j not in dead and unread(nodes[j]):
+                todo.append(j)
+    for i in sorted(dead, reverse=True):  # by index: no message is compared or copied
+        del graph.node[i]
     read = {name for node in graph.node for name in node.input} | outputs
-    for tensor in [t for t in graph.initializer if t.name not in read]:
-        graph.initializer.remove(tensor)
+    for i in sorted((i for i, t in enumerate(graph.initializer) if t.name not in read), reverse=True):
+        del graph.initializer[i]
 
 
 def retie(model, found, out_path, folder, limits, say):
