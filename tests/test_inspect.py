@@ -251,3 +251,31 @@ def test_retie_refuses_a_bad_out_before_any_work(tmp_path, out, message):
 def test_limits_that_would_overflow_are_refused(flag, value):
     done = run_inspect(os.path.join(FIXTURES, "torchscript_tied.onnx"), flag, value)
     assert bad(done) and "up to 1e+06" in done.stderr, done.stderr
+
+
+def test_the_labs_onehot_product_is_a_table_read(tmp_path):
+    table = graphs.make_table(64, 8)
+    path = tmp_path / "onehot_lookup.onnx"
+    graphs.save(graphs.onehot_lookup(table), path)
+    done = run_inspect(path, "--json")
+    assert done.returncode == 0, done.stderr
+    (entry,) = json.loads(done.stdout)["vocabulary"]
+    assert (entry["table"], entry["vocab_size"], entry["width"], entry["kind"]) == ("embedding", 64, 8, "token")
+
+
+def test_position_tables_are_labelled(tmp_path):
+    positions = graphs.make_table(16, 8, seed=1)
+    tokens = graphs.make_table(32, 8)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["wte", "input_ids"], ["t"]), helper.make_node("Gather", ["wpe", "position_ids"], ["p"]),
+         helper.make_node("Add", ["t", "p"], ["h"])], "gpt",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["n"]),
+         helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["n", 8])],
+        [numpy_helper.from_array(tokens, "wte"), numpy_helper.from_array(positions, "wpe")])
+    path = tmp_path / "gpt.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    kinds = {v["table"]: v["kind"] for v in findings(path)["vocabulary"]}
+    assert kinds == {"wte": "token", "wpe": "position"}
+    out = run_inspect(path).stdout
+    assert "vocabulary: position table wpe 16 x 8" in out and "vocabulary: table wte 32 x 8" in out

@@ -15,7 +15,7 @@ from runtime.inspect import feeds, isolated, memory
 from runtime.inspect.reading import InspectError, load, printable
 from runtime.inspect.relations import SMALL_COPY, relate, runtime_copies, vocabulary
 from runtime.inspect.retie import retie
-from runtime.inspect.walk import find_tables_and_heads
+from runtime.inspect.walk import find_tables_and_heads, lookup_ids
 from runtime.resident import prepacked_copies
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
@@ -70,7 +70,7 @@ def inspect_model(path, folder, limits=None, proof_past=None):
     copies += [{"name": f"{p['initializer']} prepacked", "bytes": p["bytes"], "shape": None,
                 "copy_of": p["initializer"], "view": "prepacked", "transposed": False, "kernel": p["kernel"],
                 "node": p["node"]} for p in prepacked if p["initializer"] in ours]
-    rows = {t["node"].input[1]: t["vocab"] for t in tables}  # each lookup's ids, and the rows they may name
+    rows = {lookup_ids(t): t["vocab"] for t in tables}  # each lookup's ids, and the rows they may name
     measured = memory.measure(os.path.abspath(path), rows, shape, folder, limits,
                               model.file_bytes) if tables else {}
 
@@ -102,12 +102,12 @@ def _report(info, path, out):
             w(f"  {line}\n")
         w(f"  in memory: {_held(v['in_memory'], info.get('measure_error'))}\n")
     if not info["vocabulary"]:
-        w("vocabulary: no table (no Gather or GatherBlockQuantized reads rows from an initializer)\n")
+        w("vocabulary: no table (no Gather, GatherBlockQuantized or OneHot + MatMul reads rows from an initializer)\n")
     w(f"  {'name':<32} {'dtype':<8} {'shape':<16} {'elements':>12} {'bytes':>12}\n")
     for i in info["initializers"]:
         w(f"  {i['name']:<32} {i['dtype']:<8} {str(i['shape']):<16} {i['elements']:>12} {i['bytes']:>12}\n")
     tables = [f"{t['initializer']} ({t['node'].op_type}{_views(t)})" for t in info["tables"]]
-    w("tables (read by Gather/GatherBlockQuantized): " + (", ".join(tables) or "none") + "\n")
+    w("tables (read by Gather/GatherBlockQuantized/OneHot+MatMul): " + (", ".join(tables) or "none") + "\n")
     heads = [f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in info["heads"]]
     w("heads (MatMul/Gemm/FusedMatMul/MatMulNBits/integer matmul weights): " + (", ".join(heads) or "none") + "\n")
     distinct = [p for p in info["pairs"] if p["relation"] == "distinct"]

@@ -56,7 +56,8 @@ def rewrite(model, heads, pairs):
             if _gather_head_codes(graph, model, table, head, sources):
                 rewritten.append((None, None, table["initializer"], False, head["initializer"]))
             continue
-        plain = table["format"] == head["format"] == "float32" and "Reshape" not in table["views"] + head["views"]
+        plain = table["format"] == head["format"] == "float32" and "Reshape" not in table["views"] + head["views"] \
+            and table["node"].op_type == "Gather"  # a OneHot product's table is left as it is
         wanted = p["relation"] in ("duplicate", "transposed_duplicate") or (
             p["relation"] == "shared" and p["via_transpose"])
         if not (plain and wanted) or id(head["node"]) in done:

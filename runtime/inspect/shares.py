@@ -88,7 +88,7 @@ def kind(model, table, producer, most=256):
     """"position" when what feeds the lookup comes from a graph input named for positions or is computed by a Range
     or CumSum (positions counted from the mask); else "token"."""
     inputs = {v.name for v in model.proto.graph.input}
-    seen, todo = set(), [table["node"].input[1]] if len(table["node"].input) > 1 else []
+    seen, todo = set(), [table.get("ids") or table["node"].input[1]] if len(table["node"].input) > 1 else []
     while todo and len(seen) < most:
         name = todo.pop()
         if name in seen:

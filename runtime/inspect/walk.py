@@ -132,7 +132,7 @@ def _entry(model, found, node, role, scales=None, bits=None, vocab=None, width=N
 
 
 def find_tables_and_heads(model):
-    """Tables (what a Gather or GatherBlockQuantized reads rows from) and heads (the weight of a MatMul, Gemm,
+    """Tables (what a Gather or GatherBlockQuantized reads rows from, or a MatMul multiplies a OneHot of ids by) and heads (the weight of a MatMul, Gemm,
     FusedMatMul, MatMulNBits or an integer matmul: MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul), each a
     dict from _entry, for a checked Model; heads also say `as_table` (stored [vocab, width]); quantized ones carry
     `quant` (a quantized.Quant: how to read their values back)."""
@@ -161,6 +161,12 @@ def find_tables_and_heads(model):
                 if kept < width:  # codes padded to whole blocks, the rows cut back to the true width
                     entry.update(width=kept, padded_width=width)
                 entry["quant"] = gbq_quant(node, found[0], scales[0], model.tensors[found[0]], block, kept)
+        elif node.op_type == "MatMul" and len(node.input) == 2 and (ids := _one_hot_ids(node.input[0], producer)):
+            found = resolve(node.input[1])  # one_hot(ids) @ table: a lookup by multiplication, rows are tokens
+            entry = _entry(model, found, node, "table") if found and found[1] % 2 == 0 and found[0] not in seen \
+                else None
+            if entry:
+                entry["ids"] = ids
         else:
             entry = None
         if entry:
@@ -209,6 +215,19 @@ def _integer_head(model, node, resolve, producer, consumers):
     entry["as_table"] = weight[1] % 2 == 1
     entry["quant"] = integer_quant(node, weight[0], weight[1] % 2, entry["width"], producer, consumers, model)
     return entry
+
+def lookup_ids(table):
+    """The input a table entry's lookup takes its ids from (Gather's indices, or what its OneHot encodes)."""
+    return table.get("ids") or table["node"].input[1]
+
+
+def _one_hot_ids(name, producer):
+    """The ids a OneHot (seen through a Cast) encodes into `name`, or None."""
+    node = producer.get(name)
+    if node is not None and node.op_type == "Cast" and node.input:
+        node = producer.get(node.input[0])
+    return node.input[0] if node is not None and node.op_type == "OneHot" and node.input else None
+
 
 def small_ints(name, producer, model):
     """The values of a small int64 constant (an initializer or a Constant node), or None."""
