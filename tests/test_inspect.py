@@ -279,3 +279,26 @@ def test_position_tables_are_labelled(tmp_path):
     assert kinds == {"wte": "token", "wpe": "position"}
     out = run_inspect(path).stdout
     assert "vocabulary: position table wpe 16 x 8" in out and "vocabulary: table wte 32 x 8" in out
+
+
+def test_progress_shows_on_a_terminal_only(tmp_path):
+    import pty
+    path = os.path.join(FIXTURES, "genai_fp32", "model.onnx")
+    master, slave = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "runtime.inspect", path], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=slave)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        seen += chunk
+    out = process.communicate(timeout=300)[0]
+    os.close(master)
+    assert process.returncode == 0 and b"vocabulary:" in out
+    assert b"\r[" in seen and b"building its optimized model" in seen and seen.endswith(b"\r")  # cleared at the end
+    assert run_inspect(path).stderr == ""  # not a terminal: silent

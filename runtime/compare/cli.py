@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict
 
 import onnx
@@ -21,6 +20,7 @@ from runtime.compare.pool import Pool
 from runtime.compare.reference import Reference
 from runtime.compare.sessions import Sessions
 from runtime.compare.sizes import check_sizes
+from runtime.progress import Progress
 
 CHECKS = [check_table, check_gather, check_onehot, check_tied, check_untied, check_neighbors, check_scaled,
           check_self_score, check_formats, check_sizes]  # sizes last: its work runs in the second process meanwhile
@@ -28,25 +28,6 @@ EARLY = [check_formats]  # run first (they need no pass over the table), reporte
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 HUGE_FROM = 2**22  # table values from which the re-run pays: its imports cost about 0.4 s
-
-
-class Progress:
-    """'[12.3 s] stage' on one refreshed stderr line, only when stderr is a terminal and the report is not JSON."""
-
-    def __init__(self, enabled):
-        self.enabled, self.start, self.width = enabled and sys.stderr.isatty(), time.monotonic(), 0
-
-    def __call__(self, stage):
-        if self.enabled:
-            text = f"[{time.monotonic() - self.start:5.1f} s] {stage}"
-            sys.stderr.write("\r" + text.ljust(self.width))
-            sys.stderr.flush()
-            self.width = len(text)
-
-    def done(self):
-        if self.enabled and self.width:
-            sys.stderr.write("\r" + " " * self.width + "\r")
-            sys.stderr.flush()
 
 
 def huge_pages_env(config, environ=os.environ):

@@ -16,6 +16,7 @@ from runtime.inspect.reading import InspectError, load, printable
 from runtime.inspect.relations import SMALL_COPY, relate, runtime_copies, vocabulary
 from runtime.inspect.retie import retie
 from runtime.inspect.walk import find_tables_and_heads, lookup_ids
+from runtime.progress import Progress
 from runtime.resident import prepacked_copies
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
@@ -49,6 +50,7 @@ def inspect_model(path, folder, limits=None, proof_past=None):
     `folder` is a scratch folder for onnxruntime's optimized model; `limits` bound the isolated child;
     `proof_past` the past length of the decoder feeds it runs the model on (default: feeds.plan's)."""
     limits = limits or isolated.Limits()
+    limits.progress(f"reading and checking {path}")
     model = load(path)
     shape = feeds.plan(model.proto, path, proof_past)
     tables, heads = find_tables_and_heads(model)
@@ -230,9 +232,14 @@ def _terminate(signum, frame):
     raise _Terminated()
 
 
-def _writer(stream):
-    """stream.write with every line made printable (names in the model are untrusted text)."""
-    return lambda text: stream.write(printable(text))
+def _writer(stream, progress=None):
+    """stream.write with every line made printable (names in the model are untrusted text), the progress line
+    cleared first."""
+    def write(text):
+        if progress is not None:
+            progress.done()
+        stream.write(printable(text))
+    return write
 
 
 def main(argv=None):
@@ -259,15 +266,22 @@ def main(argv=None):
         if args.retie is not None:
             _check_out(args.retie, args.model)
         memory = None if args.memory_limit is None else int(args.memory_limit * isolated.GiB)
-        limits = isolated.Limits(args.timeout, memory)
+        progress = Progress(enabled=True)  # stderr, on a terminal only
+        limits = isolated.Limits(args.timeout, memory, progress)
         with tempfile.TemporaryDirectory(prefix="onnx-lab-inspect-") as folder:
             info = inspect_model(args.model, folder, limits, args.proof_past)
-            say = _writer(sys.stderr if args.json else sys.stdout)
+            progress.done()
+            say = _writer(sys.stderr if args.json else sys.stdout, progress)
             if args.json:  # json.dumps escapes every control and non-ASCII character itself
                 sys.stdout.write(json.dumps(_json(info), indent=2) + "\n")
             else:
                 _report(info, args.model, _Clean(sys.stdout))
-            return retie(info["model"], info, args.retie, folder, limits, say) if args.retie is not None else 0
+            if args.retie is None:
+                return 0
+            try:
+                return retie(info["model"], info, args.retie, folder, limits, say)
+            finally:
+                progress.done()
     except UsageError as e:
         print(e, file=sys.stderr)
         return 2

@@ -23,10 +23,12 @@ class StepFailed(InspectError):
 
 
 class Limits:
-    """What one child may take: `timeout` seconds of wall time, `memory` bytes of address space."""
+    """What one child may take: `timeout` seconds of wall time, `memory` bytes of address space; `progress` is told
+    each step as it starts (runtime.progress.Progress on a terminal; by default nothing)."""
 
-    def __init__(self, timeout=300.0, memory=None):
+    def __init__(self, timeout=300.0, memory=None, progress=None):
         self.timeout, self.memory = timeout, memory
+        self.progress = progress or (lambda stage: None)
 
     def memory_for(self, model_bytes):
         """The address-space limit: as given, else 4 GiB plus 6x the model (two sessions and their copies),
@@ -41,6 +43,7 @@ def call(job, what, limits, model_bytes):
     """Run `job` (a dict; see `_JOBS`) in a child under `limits`; its result dict, or InspectError saying
     what happened to onnxruntime while `what` (e.g. "building the optimized model")."""
     memory = limits.memory_for(model_bytes)
+    limits.progress(f"onnxruntime, in a child: {what}")
     path = os.path.join(job["folder"], "job.json")
     result = os.path.join(job["folder"], "result.json")
     if os.path.exists(result):

@@ -283,6 +283,7 @@ def retie(model, found, out_path, folder, limits, say):
         say(f"retie: not proven, nothing written: {failures[0]}\n")
         return 1
     measured = memory.measure(staged, rows, found["shape"], folder, limits, model.file_bytes)
+    limits.progress(f"writing {out_path}")
     written = graphs.save(model.proto, out_path, check=False, sources=sources)  # the model the child checked
     size = sum(os.path.getsize(p) for p in written)
     heads = sum(hidden is not None for _, hidden, *_ in rewritten)
