@@ -204,3 +204,32 @@ def test_gemma2_soft_capped_head_is_retied_and_proven(tmp_path):
     u = 2.0**-24
     bound = WIDTH * u / (1 - WIDTH * u) * (np.abs(h) @ np.abs(t).T) + 16 * u * np.abs(exact) + 1e-30
     assert np.all(np.abs(before - exact) <= bound) and np.all(np.abs(after - exact) <= bound)
+
+
+def test_int8_and_uint8_with_zero_point_128_are_one_table(tmp_path):
+    rng = np.random.default_rng(8)
+    table = rng.standard_normal((40, 16)).astype(np.float32)
+    scale = (np.abs(table).max(axis=1) / 127).astype(np.float32)
+    codes = np.clip(np.rint(table / scale[:, None]), -127, 127).astype(np.int8)  # [vocab, width], per token
+    shifted = (codes.astype(np.int16) + 128).astype(np.uint8).T.copy()  # the same codes + 128, [width, vocab]
+    other = shifted.copy()
+    other[0, 0] ^= 1  # one code off: not the same table
+    for head_codes, relation in ((shifted, "transposed_duplicate"), (other, "distinct")):
+        graph = helper.make_graph(
+            [helper.make_node("DequantizeLinear", ["table_q", "table_scale"], ["table"], axis=0),
+             helper.make_node("Gather", ["table", "ids"], ["rows"]),
+             helper.make_node("DequantizeLinear", ["head_q", "head_scale", "head_zero"], ["head"], axis=1),
+             helper.make_node("MatMul", ["rows", "head"], ["logits"])], "qdq",
+            [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+            [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 3, 40])],
+            [numpy_helper.from_array(codes, "table_q"), numpy_helper.from_array(scale, "table_scale"),
+             numpy_helper.from_array(head_codes, "head_q"), numpy_helper.from_array(scale, "head_scale"),
+             numpy_helper.from_array(np.full(40, 128, np.uint8), "head_zero")])
+        path = tmp_path / f"{relation}.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+        done = run(path, "--json")
+        assert done.returncode == 0, done.stderr
+        (pair,) = json.loads(done.stdout)["pairs"]
+        assert pair["relation"] == relation
+        if relation != "distinct":
+            assert pair["wasted_bytes"] == 40 * 16 + 40 * 4 + 40  # the uint8 codes, float32 scales, zero points

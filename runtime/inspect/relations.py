@@ -113,7 +113,9 @@ def _quantized_relation(model, table, head, transposed):
     if a and b:
         same = quantized.same_quantized(model, a, b, table["vocab"])
         if same:
-            return ("transposed_duplicate" if transposed else "duplicate"), head["bytes"], None
+            mine = {b.codes, b.scale, b.zero_point} - {a.codes, a.scale, a.zero_point, None}  # the head's own tensors
+            wasted = sum(model.tensors[n].nbytes for n in mine if n in model.tensors)
+            return ("transposed_duplicate" if transposed else "duplicate"), wasted, None
         return "distinct", 0, None
     rows = _float_rows(model, head if a else table)
     gap = None if rows is None else quantized.gap(model, rows, a or b, table["vocab"])

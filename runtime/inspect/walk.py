@@ -148,6 +148,8 @@ def find_tables_and_heads(model):
         found = resolve(node.input[0]) if node.input else None
         if node.op_type == "Gather" and len(node.input) >= 2 and found and found[0] not in seen:
             entry = _entry(model, found, node, "table")
+            if entry and "DequantizeLinear" in found[2]:  # QDQ: codes decoded on the way to the lookup
+                entry["quant"] = dq_quant(model, found[0], consumers, found[1] % 2 == 0, entry["width"])
         elif node.op_type == "GatherBlockQuantized" and len(node.input) >= 3 and found and found[0] not in seen:
             scales = resolve(node.input[2])
             block = attribute(node, "block_size", 128)
