@@ -43,6 +43,7 @@ def test_bench_pieces_run_and_report(tmp_path):
     row = results["lookups"][0]
     assert row["onehot_multiplications"] == 8 * 64 * bench.WIDTH  # n x V x D, counted independently here
     assert [r["format"] for r in results["format_lookups"]] == list(embed.FORMATS)
+    assert all(r["spread"][0] <= r["large_vs_small"] <= r["spread"][1] for r in results["format_lookups"])
     head = results["head"][1]
     assert head["memory"]["table_bytes"] == 64 * 32 * 4 and head["memory"]["logits_bytes"] == 4 * 64 * 4
     assert [(m["tied"], m["external"], m["arena"]) for m in results["memory"]] == [

@@ -8,7 +8,7 @@ import embed
 import graphs
 from graphs import precision
 from graphs.builders import OPSET
-from runtime.bench.timing import best_time, bound_run, progress, race, session
+from runtime.bench.timing import best_time, bound_run, progress, race, race_rounds, session
 
 WIDTH = 768
 
@@ -36,7 +36,8 @@ def bench_lookups(vocabs, tokens, budget):
 
 def bench_format_lookups(vocabs, tokens, budget, block_size=32):
     """The lookup graph at every format, at a small and a large vocabulary, raced in the same rounds: the time
-    should follow the rows fetched (`tokens`), not the table's size."""
+    should follow the rows fetched (`tokens`), not the table's size. `large_vs_small` is the median over seven
+    rounds of the ratio within a round (both under the same load), `spread` the lowest and highest."""
     rows = []
     rng = np.random.default_rng(1)
     for fmt in embed.FORMATS:
@@ -47,10 +48,13 @@ def bench_format_lookups(vocabs, tokens, budget, block_size=32):
             model = graphs.gather_lookup(graphs.make_table(vocab, WIDTH), fmt=fmt, block_size=block)
             out = np.empty((1, tokens, WIDTH), np.float32)
             runs[vocab] = bound_run(session(model), {"ids": ids}, {"embeddings": out})
-        times = race(runs, budget)
+        rounds = race_rounds(runs, budget, 7)
+        times = {v: min(t) for v, t in rounds.items()}
         small, large = min(vocabs), max(vocabs)
+        ratios = sorted(a / b for a, b in zip(rounds[large], rounds[small]))  # within each round: the same load
         rows.append({"format": fmt, "block_size": block, "tokens": tokens,
-                     "seconds": {str(v): t for v, t in times.items()}, "large_vs_small": times[large] / times[small]})
+                     "seconds": {str(v): t for v, t in times.items()},
+                     "large_vs_small": ratios[len(ratios) // 2], "spread": [ratios[0], ratios[-1]]})
         progress(f"{fmt} lookup of {tokens} ids: V={small} {times[small] * 1e6:.0f} us, V={large} "
                  f"{times[large] * 1e6:.0f} us ({times[large] / times[small]:.2f}x)")
     return rows

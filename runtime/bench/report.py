@@ -18,10 +18,12 @@ def report(results):
         vocabs = list(results["format_lookups"][0]["seconds"])
         lines += ["", f"b'. the lookup at every format, {results['format_lookups'][0]['tokens']} ids, width 768: "
                   "time at each vocabulary, raced in the same rounds (it should follow the ids, not the table)",
-                  f"{'format':>10} " + " ".join(f"{'V=' + v + ' us':>13}" for v in vocabs) + f" {'large/small':>12}"]
+                  f"{'format':>10} " + " ".join(f"{'V=' + v + ' us':>13}" for v in vocabs) + f" {'large/small':>12}"
+                  "  (median of 7 same-round ratios; lowest-highest)"]
         for r in results["format_lookups"]:
             lines.append(f"{r['format']:>10} " + " ".join(f"{r['seconds'][v] * 1e6:>13.1f}" for v in vocabs)
-                         + f" {r['large_vs_small']:>12.2f}")
+                         + f" {r['large_vs_small']:>12.2f}" + (f"  ({r['spread'][0]:.2f}-{r['spread'][1]:.2f})"
+                                                                 if r.get("spread") else ""))
     if results.get("packed_rows"):
         first = results["packed_rows"][0]
         lines += ["", f"b''. the int4 lookup two ways, V={first['vocab']} x 768, blocks of {first['block_size']}: "

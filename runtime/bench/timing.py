@@ -1,5 +1,4 @@
 """How the bench times things: interleaved rounds, minimum over repeats, sessions with the Runner's settings."""
-import math
 import sys
 import time
 
@@ -16,20 +15,26 @@ def progress(message):
 def race(fns, budget, rounds=5):
     """Seconds per call of each function: the minimum over `rounds` rounds, the contenders interleaved in every
     round, so a slow spell on this shared machine hits all of them rather than one (noise only adds time)."""
+    return {name: min(times) for name, times in race_rounds(fns, budget, rounds).items()}
+
+
+def race_rounds(fns, budget, rounds=5):
+    """race()'s measurements, round by round: {name: [seconds per call in each round]}, so a ratio can be taken
+    within each round (both sides under the same load) and its spread shown."""
     loops = {}
     for name, fn in fns.items():
         fn()  # warm: first-run allocations and page faults are not the steady state
         start = time.perf_counter()
         fn()
         loops[name] = max(1, int(budget / rounds / len(fns) / max(time.perf_counter() - start, 1e-7)))
-    best = dict.fromkeys(fns, math.inf)
+    seen = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             start = time.perf_counter()
             for _ in range(loops[name]):
                 fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / loops[name])
-    return best
+            seen[name].append((time.perf_counter() - start) / loops[name])
+    return seen
 
 
 def best_time(fn, budget):
