@@ -1,6 +1,7 @@
 """runtime.inspect on hostile input, round two: names that write to the terminal, attributes of the wrong type,
 model files that are sparse or too large, a race for OUT, and signals. Every answer is a report or one line on
 stderr, never a traceback, and nothing is left behind."""
+import json
 import os
 import signal
 import subprocess
@@ -176,3 +177,39 @@ def test_a_retie_past_thousands_of_dead_nodes_is_quick(tmp_path):
     assert code == 0 and out.exists(), err
     assert not [n for n in onnx.load(out).graph.node if n.output[0].startswith("dead")]
     assert time.monotonic() - start < 120  # a hang guard: seconds here, where every pass once took minutes
+
+
+def test_tensors_inside_function_bodies_are_checked(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "outside.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    tensor = onnx.TensorProto(name="c", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "../outside.bin"), ("offset", "0"), ("length", "16")):
+        tensor.external_data.add(key=key, value=value)
+    function = helper.make_function("lab.hostile", "AddC", ["x"], ["y"],
+                                    [helper.make_node("Constant", [], ["c"], value=tensor),
+                                     helper.make_node("Add", ["x", "c"], ["y"])],
+                                    [helper.make_opsetid("", 21)])
+    model = model_of([helper.make_node("AddC", ["x"], ["y"], domain="lab.hostile")],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [])
+    model.functions.append(function)
+    model.opset_import.append(helper.make_opsetid("lab.hostile", 1))
+    path = tmp_path / "model" / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    code, _, err = inspect_cli(path)
+    assert one_line_error(code, err, "escapes the model's folder"), err
+
+
+def test_a_path_through_a_link_is_checked_where_the_os_finds_it(tmp_path):
+    real, elsewhere = tmp_path / "real", tmp_path / "elsewhere"
+    (real / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    os.symlink(real / "sub", elsewhere / "link")
+    graphs.save(graphs.tied_logits(graphs.make_table(64, 8)), real / "model.onnx", external=True)  # data beside it
+    onnx.save(graphs.tied_logits(graphs.make_table(16, 8)), elsewhere / "model.onnx")  # a decoy where a lexical
+    assert os.path.getsize(real / "model.onnx.data") >= 2048                           # reading of link/.. looks
+    code, out, err = inspect_cli(elsewhere / "link" / ".." / "model.onnx")  # the OS opens real/model.onnx
+    assert code == 0, err
+    assert "external" not in err and "embedding" in out
+    data = json.loads(inspect_cli(elsewhere / "link" / ".." / "model.onnx", "--json")[1])
+    assert data["file_bytes"] == sum(os.path.getsize(real / f) for f in ("model.onnx", "model.onnx.data"))

@@ -51,6 +51,7 @@ def inspect_model(path, folder, limits=None, proof_past=None):
     `proof_past` the past length of the decoder feeds it runs the model on (default: feeds.plan's)."""
     limits = limits or isolated.Limits()
     limits.progress(f"reading and checking {path}")
+    path = os.path.realpath(path)  # what the child opens is what was checked: `link/..` as the OS resolves it
     model = load(path)
     shape = feeds.plan(model.proto, path, proof_past)
     tables, heads = find_tables_and_heads(model)

@@ -208,13 +208,14 @@ def check_tensor(tensor, folder, files):
     return Tensor(tensor, nbytes)
 
 
-def _all_tensors(graph):
-    """Every TensorProto in `graph` and its subgraphs: initializers, sparse parts, attribute tensors."""
-    stack = [graph]
+def _all_tensors(graph, functions=()):
+    """Every TensorProto in `graph` and its subgraphs, and in the bodies of the model's `functions`: initializers,
+    sparse parts, attribute tensors (onnxruntime inlines a function's nodes, Constants and all)."""
+    stack = [graph] + list(functions)
     while stack:
         g = stack.pop()
-        yield from ((t, g is graph) for t in g.initializer)
-        for sparse in g.sparse_initializer:
+        yield from ((t, g is graph) for t in getattr(g, "initializer", ()))
+        for sparse in getattr(g, "sparse_initializer", ()):
             yield from ((sparse.values, False), (sparse.indices, False))
         for node in g.node:
             for a in node.attribute:
@@ -265,9 +266,9 @@ def load(path, folder=None):
     if proto.ir_version <= 0 or not proto.opset_import or not proto.HasField("graph"):
         raise InspectError(f"{path}: not an ONNX model (no IR version, opset or graph)")
     _names_are_text(proto.graph)
-    folder = os.path.realpath(folder or os.path.dirname(os.path.abspath(path)))
+    folder = os.path.realpath(folder or os.path.dirname(os.path.realpath(path)))  # where the OS finds its data
     files, tensors = {}, {}
-    for tensor, top in _all_tensors(proto.graph):
+    for tensor, top in _all_tensors(proto.graph, proto.functions):
         checked = check_tensor(tensor, folder, files)
         if top:
             if tensor.name in tensors:
