@@ -1,5 +1,6 @@
 """runtime.bench's pieces at toy sizes: they run and report consistent figures. No timing is asserted here."""
 import json
+import os
 
 import numpy as np
 
@@ -90,3 +91,14 @@ def test_targets_judge_the_figures_they_are_given():
     assert missed[0].startswith("tied <= 1.10x table bytes")
     assert missed[1].startswith("Runner.run(feeds) <= 1.0x") and "N=1: 1.20x" in missed[1]
     assert missed[2].startswith("a lookup costs its rows") and "int4: 1.60x" in missed[2]
+
+
+def test_bad_output_paths_are_refused_before_measuring(tmp_path):
+    import subprocess
+    import sys
+    for args in (["--json", str(tmp_path)], ["--json", str(tmp_path / "missing" / "b.json")],
+                 ["--plot", str(tmp_path)]):
+        done = subprocess.run([sys.executable, "-m", "runtime.bench", *args], capture_output=True, text=True,
+                              timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert os.listdir(tmp_path) == []

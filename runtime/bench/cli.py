@@ -16,7 +16,14 @@ from runtime.bench.report import plot, plot_formats, report
 
 
 def main(argv=None):
-    parser = OneLineParser(prog="python -m runtime.bench", description="Memory and speed at real vocabulary sizes.")
+    parser = OneLineParser(prog="python -m runtime.bench", description=(
+        "Memory and speed at real vocabulary sizes, every figure a ratio to a baseline timed in the same run: "
+        "a/b Gather against numpy's take and OneHot+MatMul; b' the lookup at every format (the median of seven "
+        "same-round ratios, spread printed); b'' the int4 lookup two ways; c the tied head through Runner.run "
+        "against numpy's best matmul; d resident memory a session adds; d' the memory meeting (every format, and "
+        "bfloat16 with constant folding off, at three sizes: bytes, resident, ms per token and per 64 tokens, "
+        "against numpy and the byte floor, accuracy); e the per-run floor. Progress on stderr, the report on "
+        "stdout, then the targets met or not."))
     parser.add_argument("--quick", action="store_true", help="smaller sweep (GPT-2's size only), a few minutes")
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="plot the ratios, and the memory meeting beside it as "
@@ -25,6 +32,8 @@ def main(argv=None):
     for target in (args.json, args.plot):
         if target and not os.path.isdir(os.path.dirname(os.path.abspath(target))):
             parser.error(f"{target}: no such folder")
+        if target and os.path.isdir(target):  # before an hour of measuring, not after it
+            parser.error(f"{target}: a folder; name the file to write")
     if args.plot:
         try:
             import matplotlib  # noqa: F401  (fail before minutes of measuring, not after)
