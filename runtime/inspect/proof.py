@@ -6,7 +6,7 @@ import os
 import numpy as np
 import onnx
 
-from runtime.compare.bounds import gamma
+from runtime.compare.bounds import U, gamma
 from runtime.inspect.feeds import describe, shaped_feeds
 from runtime.inspect.reading import load
 from runtime.inspect.shares import scalar_constant
@@ -75,7 +75,6 @@ def prove(job):
     return failures
 
 
-U = 2.0**-24
 ULPS_PER_OP = 8  # what one float32 elementwise op adds, each side: 1/2 ulp rounding, MLAS's Tanh a few more
 
 

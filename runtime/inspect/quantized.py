@@ -61,20 +61,19 @@ def _stored_codes(tensor, t0, t1, tokens_axis):
     return _nibbles(raw, 0, rows * cols, signed).reshape(rows, cols)[:, t0:t1].T
 
 
-def _expand(array, dims, q, t0, t1):
-    """A scale or zero point array (scalar, per axis, or blocked) as float64 [t1 - t0, width], tokens first."""
-    array = np.asarray(array, np.float64)
+def _expand(array, q, t0, t1):
+    """A scale or zero point array (scalar, per axis, or blocked) as float64 [t1 - t0, width], tokens first: each
+    element's own entry picked by index, so only this chunk's entries are read (never the whole array per chunk)."""
+    array = np.asarray(array)
     if array.size == 1:
         return np.full((t1 - t0, q.width), float(array.reshape(-1)[0]))
+    tokens, columns = np.arange(t0, t1)[:, None], np.arange(q.width)[None, :]
+    index = [tokens, columns] if q.tokens_axis == 0 else [columns, tokens]  # each element's (row, column) as stored
     if array.ndim == 1:
-        shaped = array.reshape((-1, 1) if q.axis == 0 else (1, -1))
-    else:
-        shaped = array.reshape(array.shape[0], -1)
-    if q.block and array.ndim > 1:
-        shaped = np.repeat(shaped, q.block, axis=q.axis)
-    shaped = np.broadcast_to(shaped[:dims[0], :dims[1]], dims)
-    part = shaped[t0:t1] if q.tokens_axis == 0 else shaped[:, t0:t1].T
-    return part[:, :q.width]
+        return np.broadcast_to(array[index[q.axis]].astype(np.float64), (t1 - t0, q.width))
+    if q.block:
+        index[q.axis] = index[q.axis] // q.block
+    return array.reshape(array.shape[0], -1)[index[0], index[1]].astype(np.float64)
 
 
 def _block_codes(model, q, t0, t1):
@@ -88,15 +87,13 @@ def _block_codes(model, q, t0, t1):
     else:
         codes = raw.astype(np.int16)
     block = codes.shape[1] // nblocks
-    scales = np.asarray(model.tensors[q.scale].values(), np.float64).reshape(vocab, nblocks)[t0:t1]
+    scales = model.tensors[q.scale].values().reshape(vocab, nblocks)[t0:t1]  # this chunk's rows only
     if q.zero_point in model.tensors:
         zp = model.tensors[q.zero_point]
-        points = np.asarray(zp.values(), np.float64 if zp.data_type != TensorProto.UINT8 else np.uint8)
+        points = zp.values().reshape(vocab, -1)[t0:t1]
         if zp.data_type == TensorProto.UINT8 and q.bits == 4:  # two a byte, rows padded to whole bytes
-            packed = points.reshape(vocab, -1)[t0:t1]
-            points = np.stack([packed & 15, packed >> 4], axis=-1).reshape(t1 - t0, -1)[:, :nblocks]
-        else:
-            points = points.reshape(vocab, -1)[t0:t1, :nblocks]
+            points = np.stack([points & 15, points >> 4], axis=-1).reshape(t1 - t0, -1)
+        points = points[:, :nblocks]
     else:
         points = np.full_like(scales, 2 ** (q.bits - 1))
     expand = lambda a: np.repeat(np.asarray(a, np.float64), block, axis=1)[:, :q.width]
@@ -119,9 +116,9 @@ def decoded(model, q, t0, t1):
         if codes is None:
             return None
         scale = model.tensors[q.scale]
-        scales = _expand(scale.values(), tensor.dims, q, t0, t1)
+        scales = _expand(scale.values(), q, t0, t1)
         zp = model.tensors.get(q.zero_point)
-        points = np.full_like(scales, q.default_zero) if zp is None else _expand(_integers(zp), tensor.dims, q, t0, t1)
+        points = np.full_like(scales, q.default_zero) if zp is None else _expand(_integers(zp), q, t0, t1)
     return (codes - points) * scales, scales
 
 

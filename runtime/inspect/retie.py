@@ -8,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 import graphs
 from graphs.tie import unfolded_view
 from runtime.inspect import isolated, memory, sidecars
+from runtime.inspect.quantized import attribute
 from runtime.inspect.reading import InspectError, load
 from runtime.resident import copies_held, prepacked_copies
 from runtime.inspect.relations import runtime_copies
@@ -98,8 +99,7 @@ def _gather_head_codes(graph, model, table, head, sources):
     """Make the lookup of a _packed_duplicate read the head's codes and scales (proven to decode to the same values,
     scale for scale): _gather_packed_in_place on them, with the head's block, bits and zero points."""
     node = table["node"]
-    block = next((a.i for a in head["node"].attribute if a.name == "block_size"), None)
-    bits = next((a.i for a in head["node"].attribute if a.name == "bits"), 4)
+    block, bits = attribute(head["node"], "block_size"), attribute(head["node"], "bits", 4)
     if not block:
         return False
     blocks = head["stored_dims"][1]

@@ -3,7 +3,9 @@ them, the constant its looked-up rows are multiplied by (Gemma's sqrt(width)), a
 positions."""
 import math
 
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
+
+from runtime.inspect.walk import constant
 
 _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 _CODES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4)
@@ -46,21 +48,8 @@ def parameters(model, tables, heads, pairs):
 
 def scalar_constant(name, producer, model):
     """The value of a scalar float constant (an initializer or a Constant node), or None."""
-    tensor = model.tensors.get(name)
-    if tensor is not None:
-        if tensor.data_type not in _FLOATS or tensor.elements != 1:
-            return None
-        values = tensor.values()
-        return None if values is None else float(values.reshape(-1)[0])
-    node = producer.get(name)
-    if node is None or node.op_type != "Constant" or len(node.attribute) != 1:
-        return None
-    value = node.attribute[0]
-    if value.name == "value_float":
-        return float(value.f)
-    if value.name == "value" and value.t.data_type in _FLOATS and math.prod(value.t.dims) == 1:
-        return float(numpy_helper.to_array(value.t).reshape(-1)[0])
-    return None
+    values = constant(name, producer, model, most=1)
+    return float(values[0]) if values is not None and values.size == 1 and values.dtype.kind not in "iub" else None  # bfloat16 too
 
 
 def row_scale(model, table, producer, consumers):

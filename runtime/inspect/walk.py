@@ -1,6 +1,7 @@
 """Walking the graph: one topological order (a cycle is a finding), then tables and heads found through it."""
 import math
 
+import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from graphs.precision import format_name
@@ -231,22 +232,32 @@ def _one_hot_ids(name, producer):
     return node.input[0] if node is not None and node.op_type == "OneHot" and node.input else None
 
 
-def small_ints(name, producer, model):
-    """The values of a small int64 constant (an initializer or a Constant node), or None."""
-    if name in model.tensors:
-        tensor = model.tensors[name]
-        ok = tensor.data_type == TensorProto.INT64 and tensor.elements <= 8
-        return [int(v) for v in tensor.values().reshape(-1)] if ok else None
+def constant(name, producer, model, most=8):
+    """The values of a small constant (an initializer, or a Constant node's value / value_ints / value_float) as a
+    flat numpy array of at most `most` elements, or None."""
+    tensor = model.tensors.get(name)
+    if tensor is not None:
+        values = tensor.values() if tensor.elements <= most else None
+        return None if values is None else np.asarray(values).reshape(-1)
     node = producer.get(name)
     if node is None or node.op_type != "Constant" or len(node.attribute) != 1:
         return None
     value = node.attribute[0]
-    if value.name == "value_ints":
-        return list(value.ints)[:8]
-    if value.name == "value" and value.t.data_type == TensorProto.INT64:
+    if value.name in ("value_ints", "value_floats"):
+        values = np.asarray(value.ints if value.name == "value_ints" else value.floats)
+    elif value.name in ("value_int", "value_float"):
+        values = np.asarray([value.i if value.name == "value_int" else value.f])
+    elif value.name == "value" and math.prod(value.t.dims) <= most:
         values = numpy_helper.to_array(value.t).reshape(-1)
-        return [int(v) for v in values] if values.size <= 8 else None
-    return None
+    else:
+        return None
+    return values if values.size <= most else None
+
+
+def small_ints(name, producer, model):
+    """The values of a small int64 constant as a list, or None."""
+    values = constant(name, producer, model)
+    return [int(v) for v in values] if values is not None and values.dtype == np.int64 else None
 
 
 def _sliced_width(node, width, producer, consumers, model):
