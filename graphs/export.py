@@ -2,11 +2,13 @@
 import os
 import sys
 
-from embed import FORMATS, OneLineParser, run_cli  # argparse with one-line errors, exit 2
+from embed import FORMATS, OneLineParser, check_fits, run_cli  # argparse with one-line errors, exit 2
 from graphs.precision import ACCURACY_LEVELS
 from graphs.builders import gather_lookup, neighbors, onehot_lookup, scaled_lookup, tied_logits, untied_logits
-from graphs.storage import data_path, save
+from graphs.storage import check_folder, data_path, save
 from graphs.table import make_table
+
+COPIES = 10  # float32 tables held at once: the table and the untied head, and in the graphs' protos 8 more
 
 FILES = ["gather_lookup.onnx", "onehot_lookup.onnx", "tied_logits.onnx", "untied_logits.onnx",
          "scaled_lookup.onnx", "neighbors_cosine.onnx", "neighbors_dot.onnx"]
@@ -43,10 +45,16 @@ def main(argv=None):
         parser.error(f"{args.dir} exists and is not a folder")
     if args.vocab_size < 2 or args.width < 1:
         parser.error(f"--vocab-size must be >= 2 and --width >= 1, got {args.vocab_size} and {args.width}")
+    check_fits(COPIES * 4 * args.vocab_size * args.width, f"{parser.prog}: --vocab-size {args.vocab_size} x "
+               f"--width {args.width}")
     paths = [os.path.join(args.dir, name) for name in FILES]
     taken = [p for p in paths + [data_path(p) for p in paths] if os.path.lexists(p)]
     if taken and not args.force:
         parser.error(f"{taken[0]} exists (and {len(taken) - 1} more); use --force to replace")
+    try:
+        check_folder(args.dir, "DIR")
+    except ValueError as e:
+        parser.error(str(e))
     try:
         models = build_all(args.vocab_size, args.width, args.seed, args.format, args.block_size, args.accuracy_level)
     except (TypeError, ValueError) as e:  # a block size the format cannot take
@@ -70,4 +78,4 @@ def console():
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, prog="python -m graphs.export")

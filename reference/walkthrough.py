@@ -3,7 +3,9 @@ other commands share."""
 import argparse
 import math
 import os
+import signal
 import sys
+import threading
 
 from reference.precision import FORMATS, table_bytes
 from reference.scores import (check_ids, cosine, dot, lookup, neighbors, norm, onehot_lookup_counted, scale_sqrt_d,
@@ -69,6 +71,26 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: error: {message}")
 
 
+def physical_memory():
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_fits(need, what):
+    """UsageError (one line naming the bytes) unless `need` bytes fit in this machine's physical memory: a size
+    the command cannot hold is refused before the work, not met by a MemoryError minutes in."""
+    have = physical_memory()
+    if have is not None and need > have:
+        raise UsageError(f"{what} would need about {need} bytes ({need / 2**30:.1f} GiB) of memory; this machine "
+                         f"has {have} ({have / 2**30:.1f} GiB)")
+
+
+PYTHON_VALUE_BYTES = 32  # one value of a reference table: a float object (24 bytes) and the list's pointer to it
+
+
 def parse_ids(text):
     """'3,3,17' -> [3, 3, 17], for argparse (a one-line ArgumentTypeError otherwise)."""
     try:
@@ -77,15 +99,40 @@ def parse_ids(text):
         raise argparse.ArgumentTypeError(f"ids must be comma-separated integers, got {text!r}") from None
 
 
-def run_cli(main, argv=None):
-    """sys.exit(main(argv)) for a command of the lab, ending quietly (status 1, no traceback) when whoever reads
-    its output stops reading, as `| head` does."""
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is, so every `with` and `finally` on the way out runs: scratch folders
+    and staged outputs are removed, child processes stopped (see raise_on_sigterm)."""
+
+
+def _terminate(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: cleaning up is not interrupted by another
+    raise Terminated()
+
+
+def raise_on_sigterm():
+    """Make SIGTERM raise Terminated in the main thread (unless someone else already handles it)."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+def run_cli(main, argv=None, prog=None):
+    """sys.exit(main(argv)) for a command of the lab (`prog` names it in messages): ending quietly (status 1, no
+    traceback) when whoever reads its output stops reading, as `| head` does; on SIGINT (130) or SIGTERM (143)
+    with one line, after every cleanup on the way out has run."""
+    raise_on_sigterm()
+    prog = prog or os.path.basename(sys.argv[0])
     try:
         code = main(argv)
         sys.stdout.flush()
     except UsageError as e:
         print(e, file=sys.stderr)
         code = 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; no partial file left", file=sys.stderr)
+        code = 130
+    except Terminated:
+        print(f"{prog}: terminated; no partial file left", file=sys.stderr)
+        code = 143
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
         code = 1
@@ -108,5 +155,7 @@ def main(argv=None):
         check_ids(args.ids + [args.query], args.vocab_size)
     except (TypeError, ValueError, IndexError) as e:
         parser.error(str(e))
+    check_fits(3 * args.vocab_size * args.width * PYTHON_VALUE_BYTES,  # the table, and the table doubled
+               f"embed.py: --vocab-size {args.vocab_size} x --width {args.width}")
     _walkthrough(args.vocab_size, args.width, args.seed, args.ids, args.query, args.k)
     return 0

@@ -4,7 +4,6 @@ import collections
 import gc
 
 import numpy as np
-import onnxruntime as ort
 from onnx import TensorProto, helper
 
 Resident = collections.namedtuple("Resident", "rss anonymous file")
@@ -23,6 +22,7 @@ def resident():
 
 def options(prepacking=True):
     """SessionOptions as a user has them: onnxruntime's defaults, with prepacking turned off if asked."""
+    import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if not prepacking:
@@ -33,6 +33,7 @@ def options(prepacking=True):
 def _warm():
     """One session on a one-node model first, so onnxruntime's process-wide set-up (its environment, kernel
     registries, the first thread pool) is not counted against the model measured next."""
+    import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "warm",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
@@ -42,15 +43,19 @@ def _warm():
         None, {"x": np.ones(1, np.float32)})
 
 
-def session_growth(path, feeds, prepacking=True, disabled_optimizers=()):
-    """{resident_bytes, anonymous_bytes, file_bytes}: what a session on the model at `path` adds to this process
-    after loading and one run on `feeds` (its outputs dropped, the session still held; `disabled_optimizers`:
-    graph transformers skipped). Meant for a fresh
+def session_growth(path, feeds, prepacking=True, disabled_optimizers=(), data_folder=None):
+    """{resident_bytes, anonymous_bytes, file_bytes}: what a session on the model at `path` (or serialized, its
+    external data in `data_folder`) adds to this process after loading and one run on `feeds` (its outputs
+    dropped, the session still held; `disabled_optimizers`: graph transformers skipped). Meant for a fresh
     process: memory an earlier session freed to the allocator would hide part of this one's."""
+    import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
     _warm()
     gc.collect()
     before = resident()
-    session = ort.InferenceSession(path, options(prepacking), providers=["CPUExecutionProvider"],
+    settings = options(prepacking)
+    if data_folder is not None:
+        settings.add_session_config_entry("session.model_external_initializers_file_folder_path", data_folder)
+    session = ort.InferenceSession(path, settings, providers=["CPUExecutionProvider"],
                                    disabled_optimizers=set(disabled_optimizers))
     session.run(None, feeds)
     after = resident()

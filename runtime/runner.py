@@ -29,16 +29,19 @@ def session_options(optimized_model_path=None, prepacking=True, arena=False):
     return options
 
 
-def write_optimized_model(model, path, prepacked=False):
+def write_optimized_model(model, path, prepacked=False, data_folder=None):
     """Write the model onnxruntime runs after its own graph optimisations to `path` (a ModelProto or a path in).
 
     Large initializers go to `path + ".data"`, so models past 2 GiB work too. `prepacked`: load it as onnxruntime's
     default SessionOptions do (prepacking on) and record each prepacked copy beside the initializer it was made
     from (an external-data entry `prepacked_<i>` = "<kernel>+<hash>|<offset>;<length>;..."; the copy's bytes go
-    to the data file too), so the copies no initializer shows can be counted and attributed.
+    to the data file too), so the copies no initializer shows can be counted and attributed. `model` may be a
+    serialized model too, its external data in `data_folder`.
     """
     path = os.fspath(path)
     options = session_options(path, prepacking=prepacked)
+    if data_folder is not None:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", data_folder)
     options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                      os.path.basename(path) + ".data")
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
@@ -191,9 +194,10 @@ class Runner:
 
 
 def open_session(model, options=None, disabled_optimizers=()):
-    """An onnxruntime CPU session on a ModelProto or a path, with the lab's settings unless `options` are given;
-    `disabled_optimizers` names graph transformers to skip (e.g. "ConstantFolding")."""
-    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else os.fspath(model)
+    """An onnxruntime CPU session on a ModelProto, serialized bytes or a path, with the lab's settings unless
+    `options` are given; `disabled_optimizers` names graph transformers to skip (e.g. "ConstantFolding")."""
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else \
+        model if isinstance(model, bytes) else os.fspath(model)
     return ort.InferenceSession(source, options or session_options(), providers=["CPUExecutionProvider"],
                                 disabled_optimizers=set(disabled_optimizers))
 

@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime as ort
 
 from embed import OneLineParser  # argparse with one-line errors, exit 2
-from graphs.storage import umask
+from graphs.storage import check_output, write_text
 from runtime.bench.head import bench_floor, bench_head
 from runtime.bench.formats import bench_formats
 from runtime.bench.lookups import bench_format_lookups, bench_lookups, bench_packed_rows
@@ -29,11 +29,12 @@ def main(argv=None):
     parser.add_argument("--plot", metavar="FILE.png", help="plot the ratios, and the memory meeting beside it as "
                         "FILE_formats.png (needs matplotlib)")
     args = parser.parse_args(argv)
-    for target in (args.json, args.plot):
-        if target and not os.path.isdir(os.path.dirname(os.path.abspath(target))):
-            parser.error(f"{target}: no such folder")
-        if target and os.path.isdir(target):  # before an hour of measuring, not after it
-            parser.error(f"{target}: a folder; name the file to write")
+    for flag, target in (("--json", args.json), ("--plot", args.plot)):
+        try:
+            if target is not None:  # before an hour of measuring, not after it
+                check_output(target, flag)
+        except ValueError as e:
+            parser.error(str(e))
     if args.plot:
         try:
             import matplotlib  # noqa: F401  (fail before minutes of measuring, not after)
@@ -55,11 +56,7 @@ def main(argv=None):
     results["floor"] = bench_floor(budget)
     print(report(results))
     if args.json:
-        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(os.path.abspath(args.json)), delete=False,
-                                         suffix=".json") as f:
-            json.dump(results, f, indent=2)
-        os.chmod(f.name, 0o666 & ~umask())  # a temporary file is 0600: the report gets the user's usual mode
-        os.replace(f.name, args.json)
+        write_text(args.json, json.dumps(results, indent=2))
     if args.plot:
         plot(results, args.plot)
         if results.get("formats"):

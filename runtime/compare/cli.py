@@ -10,6 +10,7 @@ import onnx
 import onnxruntime as ort
 
 import embed
+from graphs.storage import write_text
 from runtime.compare.bounds import U
 from runtime.compare.config import parse
 from runtime.compare.formats import check_formats
@@ -52,10 +53,24 @@ def _write_json(path, data):
     if path == "-":
         sys.stdout.write(text)
         return
-    folder = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile("w", dir=folder, prefix=".compare-", suffix=".json", delete=False) as f:
-        f.write(text)
-    os.replace(f.name, path)
+    write_text(path, text)
+
+
+def _run_child(command, env):
+    """Run the compare again in a child and return its status. A signal that ends this process ends the child too
+    (it unwinds as this one would: scratch folder and second process removed, one line said), and this waits."""
+    child = subprocess.Popen(command, env=env)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the child too; it is told again only if it does not end
+        try:
+            return child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.terminate()
+            return child.wait()
+    except embed.Terminated:
+        child.terminate()
+        return child.wait()
 
 
 def run_checks(config, reference, sessions, report, progress):
@@ -84,7 +99,7 @@ def main(argv=None, description="", impl=embed):
     env = huge_pages_env(config) if impl is embed else None
     if env is not None:  # once, with glibc's malloc on huge pages (see huge_pages_env)
         args = sys.argv[1:] if argv is None else list(argv)
-        return subprocess.call([sys.executable, "-m", "runtime.compare", *args], env=env)
+        return _run_child([sys.executable, "-m", "runtime.compare", *args], env)
     report = sys.stderr if config.json == "-" else sys.stdout
     progress = Progress(enabled=config.json != "-")
     with tempfile.TemporaryDirectory(prefix="onnx-lab-compare-") as folder:

@@ -63,6 +63,16 @@ def parser(description=""):
     return p
 
 
+def check_export(folder):
+    """ValueError unless the lab's graphs can be written into `folder` (made if missing) without replacing
+    anything: checked before the run, not after minutes of it."""
+    graphs.storage.check_folder(folder, "--export")
+    names = list(graphs.export.FILES) + [graphs.storage.data_path(n) for n in graphs.export.FILES]
+    taken = [name for name in names if os.path.lexists(os.path.join(folder, name))]
+    if taken:
+        raise ValueError(f"--export: {os.path.join(folder, taken[0])} exists; refusing to overwrite")
+
+
 def parse(argv=None, description=""):
     """The Config for `argv`, every value checked; a bad one raises UsageError (embed.OneLineParser's) with one
     line naming it."""
@@ -90,12 +100,10 @@ def parse(argv=None, description=""):
         for fmt in formats:
             graphs.precision.check_graph_format(fmt, args.block_size if fmt in ("int8", "int4") else None,
                                                 args.width)
-        if args.export and os.path.exists(args.export) and not os.path.isdir(args.export):
-            raise ValueError(f"--export {args.export} exists and is not a folder")
-        if args.export:
-            taken = [name for name in graphs.export.FILES if os.path.lexists(os.path.join(args.export, name))]
-            if taken:
-                raise ValueError(f"--export: {os.path.join(args.export, taken[0])} exists; refusing to overwrite")
+        if args.json not in (None, "-"):
+            graphs.storage.check_output(args.json, "--json")
+        if args.export is not None:
+            check_export(args.export)
     except (TypeError, ValueError, IndexError) as e:
         p.error(str(e))
     return Config(vocab=args.vocab_size, width=args.width, seed=args.seed, ids=tuple(args.ids), query=args.query,

@@ -2,15 +2,13 @@
 import argparse
 import json
 import os
-import signal
 import sys
 import tempfile
-import threading
 
 
 import graphs
-from embed import OneLineParser, UsageError, run_cli
-from runtime.inspect import feeds, isolated, memory
+from embed import OneLineParser, Terminated, UsageError, raise_on_sigterm, run_cli
+from runtime.inspect import feeds, guard, isolated, memory
 from runtime.inspect.reading import InspectError, load, printable
 from runtime.inspect.relations import relate, runtime_copies, vocabulary
 from runtime.inspect.report import as_json, report
@@ -37,7 +35,7 @@ a run-time view nothing prepacks; an int4 lookup reading the head's packed codes
 genai_config.json (naming OUT), config and tokenizer files beside OUT. It proves the change first (heads within
 float32's bound, everything else bit for bit) and never overwrites. The model is untrusted: every tensor is
 checked before it is read, external data must lie inside the model's folder, and onnxruntime runs in a child
-process under --timeout and --memory-limit, so a crash there is reported, not suffered."""
+process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole command."""
 
 EPILOG = """exit status: 0 report written (and OUT, if --retie had something to do); 1 the retie proof failed,
 nothing written; 2 bad usage, a model that cannot be read safely, or one that cannot be proven on this machine
@@ -57,9 +55,9 @@ def inspect_model(path, folder, limits=None, proof_past=None):
     tables, heads = find_tables_and_heads(model)
     pairs = relate(model, tables, heads)
     optimized_path = os.path.join(folder, "optimized.onnx")
-    job = {"kind": "optimize", "model": os.path.abspath(path), "out": optimized_path, "folder": folder}
+    job = {"kind": "optimize", "checked": model.checked, "out": optimized_path, "folder": folder}
     try:
-        isolated.call(job, "building its optimized model", limits, model.file_bytes)
+        version = isolated.call(job, "building its optimized model", limits, model.file_bytes)["onnxruntime"]
     except isolated.StepFailed as e:
         raise InspectError(f"{path}: onnxruntime cannot load it: {str(e).split(': ', 1)[-1]}") from None
     optimized = load(optimized_path, folder)
@@ -74,7 +72,7 @@ def inspect_model(path, folder, limits=None, proof_past=None):
                 "copy_of": p["initializer"], "view": "prepacked", "transposed": False, "kernel": p["kernel"],
                 "node": p["node"]} for p in prepacked if p["initializer"] in ours]
     rows = {lookup_ids(t): t["vocab"] for t in tables}  # each lookup's ids, and the rows they may name
-    measured = memory.measure(os.path.abspath(path), rows, shape, folder, limits,
+    measured = memory.measure({"checked": model.checked}, rows, shape, folder, limits,
                               model.file_bytes) if tables else {}
 
     def held(names, table_bytes, other_bytes):
@@ -82,7 +80,8 @@ def inspect_model(path, folder, limits=None, proof_past=None):
 
     return {"model": model, "tables": tables, "heads": heads, "file_bytes": model.file_bytes,
             "initializers": initializers, "pairs": pairs, "runtime_copies": copies, "rows": rows, "shape": shape,
-            "vocabulary": vocabulary(model, tables, heads, pairs, copies, held), "measure_error": measured.get("error"),
+            "vocabulary": vocabulary(model, tables, heads, pairs, copies, held, version), "onnxruntime": version,
+            "measure_error": measured.get("error"),
             "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values())}
 
 
@@ -102,6 +101,19 @@ def _positive(text, most=1e6):
         value = -1.0
     if not 0 < value <= most:
         raise argparse.ArgumentTypeError(f"want a positive number up to {most:g}, got {text!r}")
+    return value
+
+
+LEAST_MEMORY = 0.25  # GiB: Python and onnxruntime take about 0.2 GiB of address space before any model
+
+
+def _memory_limit(text):
+    """--memory-limit: GiB, from LEAST_MEMORY (below it no model could be run: the finding would be about the
+    limit, not the model) to 1e6."""
+    value = _positive(text)
+    if value < LEAST_MEMORY:
+        raise argparse.ArgumentTypeError(f"want at least {LEAST_MEMORY} GiB (Python and onnxruntime alone take about "
+                                         f"0.2 GiB of address space), got {text!r}")
     return value
 
 
@@ -126,15 +138,6 @@ def _check_out(out, model):
         raise InspectError(f"{os.path.dirname(out)}: no such folder for OUT")
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised where the process is, so every `with` and `finally` on the way out runs: the scratch folder
-    and a staged OUT are removed and the isolated child is killed."""
-
-
-def _terminate(signum, frame):
-    raise _Terminated()
-
-
 def _writer(stream, progress=None):
     """stream.write with every line made printable (names in the model are untrusted text), the progress line
     cleared first."""
@@ -145,15 +148,19 @@ def _writer(stream, progress=None):
     return write
 
 
-def main(argv=None):
+def main(argv=None, supervised=True):
+    """The command; its exit status. `supervised`: run the work in guard's forked worker, as the command does (False
+    runs it in this process, for a caller that captures sys.stdout in-process; no SIGBUS or whole-command deadline
+    protection then)."""
     parser = OneLineParser(prog="python -m runtime.inspect", description=DESCRIPTION, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL.onnx")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table, with the sidecar files its runtime reads")
-    parser.add_argument("--timeout", type=_positive, default=300.0, metavar="S",
-                        help="wall-clock seconds each onnxruntime step may take (default 300)")
-    parser.add_argument("--memory-limit", type=_positive, metavar="GiB",
+    parser.add_argument("--timeout", type=_positive, default=600.0, metavar="S",
+                        help="wall-clock seconds the whole command may take, onnxruntime's steps included; past them "
+                             "it stops with one line and writes nothing (default 600)")
+    parser.add_argument("--memory-limit", type=_memory_limit, metavar="GiB",
                         help="address space each onnxruntime step may take (default 4 GiB + 6x the model's bytes)")
     parser.add_argument("--proof-past", type=_past, metavar="N",
                         help="past tokens (KV cache length) in the decoder feeds the model is run and proven on "
@@ -162,47 +169,66 @@ def main(argv=None):
     for stream in (sys.stdout, sys.stderr):  # a name an ASCII terminal cannot show is escaped, not an error
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminate)
+    raise_on_sigterm()  # SIGTERM unwinds like SIGINT: the scratch folder and a staged OUT go, the child is killed
     try:
         args = parser.parse_args(argv)
         if args.retie is not None:
             _check_out(args.retie, args.model)
-        memory = None if args.memory_limit is None else int(args.memory_limit * isolated.GiB)
-        progress = Progress(enabled=True)  # stderr, on a terminal only
-        limits = isolated.Limits(args.timeout, memory, progress)
-        with tempfile.TemporaryDirectory(prefix="onnx-lab-inspect-") as folder:
-            info = inspect_model(args.model, folder, limits, args.proof_past)
-            progress.done()
-            say = _writer(sys.stderr if args.json else sys.stdout, progress)
-            if args.json:  # json.dumps escapes every control and non-ASCII character itself
-                sys.stdout.write(json.dumps(as_json(info), indent=2) + "\n")
-            else:
-                report(info, args.model, _Clean(sys.stdout))
-            if args.retie is None:
-                return 0
-            try:
-                return retie(info["model"], info, args.retie, folder, limits, say)
-            finally:
-                progress.done()
     except UsageError as e:
         print(e, file=sys.stderr)
         return 2
-    except (InspectError, FileExistsError) as e:
+    except InspectError as e:
         print(printable(f"{parser.prog}: error: {e}"), file=sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader stopped (| head): run_cli ends quietly
-        raise
+    if not supervised:
+        with tempfile.TemporaryDirectory(prefix="onnx-lab-inspect-") as scratch:
+            return _work(args, parser.prog, scratch)
+    scratch = tempfile.mkdtemp(prefix="onnx-lab-inspect-")
+    staging = None if args.retie is None else os.path.dirname(os.path.abspath(args.retie))
+    return guard.supervise(lambda: _work(args, parser.prog, scratch), args.timeout, scratch, staging, parser.prog)
+
+
+def _work(args, prog, folder):
+    """The command itself, in guard's worker: the report, and OUT if --retie; its exit status."""
+    memory = None if args.memory_limit is None else int(args.memory_limit * isolated.GiB)
+    progress = Progress(enabled=True)  # stderr, on a terminal only
+    limits = isolated.Limits(args.timeout, memory, progress)
+    try:
+        info = inspect_model(args.model, folder, limits, args.proof_past)
+        progress.done()
+        say = _writer(sys.stderr if args.json else sys.stdout, progress)
+        if args.json:  # json.dumps escapes every control and non-ASCII character itself
+            sys.stdout.write(json.dumps(as_json(info), indent=2) + "\n")
+        else:
+            report(info, args.model, _Clean(sys.stdout))
+        if args.retie is None:
+            return 0
+        try:
+            return retie(info["model"], info, args.retie, folder, limits, say)
+        finally:
+            progress.done()
+    except (InspectError, FileExistsError) as e:
+        print(printable(f"{prog}: error: {e}"), file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader stopped (| head): end quietly, as run_cli does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as e:  # EIO on read, a read-only or full OUT folder or TMPDIR: the system's one line
         where = f"{e.filename}: " if e.filename else ""
-        print(printable(f"{parser.prog}: error: {where}{e.strerror or e}"), file=sys.stderr)
+        print(printable(f"{prog}: error: {where}{e.strerror or e}"), file=sys.stderr)
+        return 2
+    except guard.TimedOut:
+        print(f"{prog}: error: did not finish within --timeout {args.timeout:g} s and was stopped; nothing written"
+              " (raise --timeout if the model is simply large)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{parser.prog}: interrupted; no partial file left", file=sys.stderr)
+        print(f"{prog}: interrupted; no partial file left", file=sys.stderr)
         return 130
-    except _Terminated:
-        print(f"{parser.prog}: terminated; no partial file left", file=sys.stderr)
+    except Terminated:
+        print(f"{prog}: terminated; no partial file left", file=sys.stderr)
         return 143
+    finally:
+        progress.done()
 
 
 def console():

@@ -4,13 +4,17 @@ A crash, abort, time-out or allocation failure inside a session then ends the ch
 parent reports it as a finding about the model. The child runs under a wall-clock limit and an address-space
 limit (RLIMIT_AS), a cap on the size of any file it writes (RLIMIT_FSIZE), no core files; `Limits` holds both, set from --timeout and --memory-limit.
 """
+import hashlib
 import json
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
+import time
 
+from runtime.inspect import guard
 from runtime.inspect.reading import InspectError
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,12 +27,18 @@ class StepFailed(InspectError):
 
 
 class Limits:
-    """What one child may take: `timeout` seconds of wall time, `memory` bytes of address space; `progress` is told
-    each step as it starts (runtime.progress.Progress on a terminal; by default nothing)."""
+    """What the children may take: `timeout` seconds of wall time from now for all of them together (the whole
+    command's --timeout), `memory` bytes of address space each; `progress` is told each step as it starts
+    (runtime.progress.Progress on a terminal; by default nothing)."""
 
-    def __init__(self, timeout=300.0, memory=None, progress=None):
+    def __init__(self, timeout=600.0, memory=None, progress=None):
         self.timeout, self.memory = timeout, memory
+        self.deadline = time.monotonic() + timeout
         self.progress = progress or (lambda stage: None)
+
+    def remaining(self):
+        """Seconds left before the deadline (at least a millisecond, so a step that starts late fails at once)."""
+        return max(0.001, self.deadline - time.monotonic())
 
     def memory_for(self, model_bytes):
         """The address-space limit: as given, else 4 GiB plus 6x the model (two sessions and their copies),
@@ -37,6 +47,35 @@ class Limits:
             return self.memory
         physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return min(4 * GiB + 6 * model_bytes, physical * 3 // 4)
+
+
+class Changed(InspectError):
+    """A file of the model is not what was checked: replaced, rewritten or resized since."""
+
+
+def source(checked):
+    """(bytes, folder) of the model described by `checked` (a Model's): the model file's bytes, as read now, if
+    they are the bytes that were checked and every data file is still the file that was checked (device, inode,
+    size); else Changed. Give onnxruntime these bytes, not the path: a file swapped in after the check is never
+    parsed. (A data file onnxruntime opens itself is compared by identity just before: the closest the OS allows.)"""
+    try:
+        fd = os.open(checked["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO swapped in: no wait
+    except OSError as e:
+        raise Changed(f"{checked['path']}: {e.strerror} (after it was checked)") from None
+    with open(fd, "rb") as f:
+        data = f.read(checked["size"] + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    if hashlib.blake2b(data, digest_size=16).hexdigest() != checked["digest"]:
+        raise Changed(f"{checked['path']} changed after it was checked; nothing of it was run")
+    for path, identity in checked["files"].items():
+        try:
+            info = os.stat(path)
+            now = [info.st_dev, info.st_ino, info.st_size]
+        except OSError as e:
+            raise Changed(f"{path}: {e.strerror} (after it was checked)") from None
+        if now != identity:
+            raise Changed(f"{path} changed after it was checked (now {now[2]} bytes, then {identity[2]}); nothing "
+                          "of the model was run")
+    return data, checked["folder"]
 
 
 def call(job, what, limits, model_bytes):
@@ -53,22 +92,26 @@ def call(job, what, limits, model_bytes):
 
     written = 3 * model_bytes + GiB  # any one file it writes; past that, a write fails (EFBIG), nothing fills the disk
 
-    def confine():
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (written, written))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    memory = _within(resource.RLIMIT_AS, memory)
+    confined = {resource.RLIMIT_AS: memory, resource.RLIMIT_FSIZE: _within(resource.RLIMIT_FSIZE, written),
+                resource.RLIMIT_CORE: 0}
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT] + sys.path[1:]))
+    def confine():  # in the child, before exec: nothing here may raise, so no limit goes past an inherited one
+        for kind, limit in confined.items():
+            resource.setrlimit(kind, (limit, limit))
+        guard.die_with_parent()
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT] + sys.path[1:]), TMPDIR=job["folder"])
     child = subprocess.Popen([sys.executable, "-m", "runtime.inspect.isolated", path], cwd=_ROOT, env=env,
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              preexec_fn=confine)
     try:
-        _, err = child.communicate(timeout=limits.timeout)
+        _, err = child.communicate(timeout=limits.remaining())
     except subprocess.TimeoutExpired:
         child.kill()
         child.communicate()
-        raise InspectError(f"onnxruntime did not finish {what} within {limits.timeout:g} s and was stopped "
-                           "(raise --timeout if the model is simply large)") from None
+        raise InspectError(f"onnxruntime did not finish {what} within the command's --timeout {limits.timeout:g} s "
+                           "and was stopped (raise --timeout if the model is simply large)") from None
     except BaseException:  # interrupted or terminated: no child outlives the tool
         child.kill()
         child.wait()
@@ -76,6 +119,8 @@ def call(job, what, limits, model_bytes):
     err = err.decode(errors="replace")
     if child.returncode < 0:
         name = signal.Signals(-child.returncode).name
+        if "checked" in job and -child.returncode == signal.SIGBUS:
+            source(job["checked"])  # Changed, if a data file shrank under onnxruntime's mapping
         raise InspectError(f"onnxruntime crashed ({name}) while {what}: the model is malformed or hostile"
                            f"{_memory_hint(err, memory)}")
     if child.returncode == _OUT_OF_MEMORY or "bad_alloc" in err:
@@ -86,9 +131,18 @@ def call(job, what, limits, model_bytes):
         raise InspectError(f"the isolated step failed while {what}: {last[:300]}")
     with open(result) as f:
         answer = json.load(f)
+    if "changed" in answer:
+        raise Changed(answer["changed"])
     if "error" in answer:
         raise StepFailed(f"onnx or onnxruntime refused it while {what}: {answer['error']}")
     return answer
+
+
+def _within(kind, most):
+    """rlimit `kind` for the child: `most`, or the hard limit this process inherited if that is lower (a limit
+    cannot be raised past it: a `ulimit -v` from the user's shell stays in force)."""
+    _, hard = resource.getrlimit(kind)
+    return most if hard == resource.RLIM_INFINITY else min(most, hard)
 
 
 def _memory_hint(err, memory):
@@ -100,10 +154,18 @@ def _first_line(e):
     return (text.splitlines()[0] if text else type(e).__name__)[:300]
 
 
+def _model(job):
+    """(the model's bytes or path, the folder of its data or None): the bytes that were checked when the job
+    carries `checked` (the user's model), else the path (a file this tool wrote in its scratch folder)."""
+    return source(job["checked"]) if "checked" in job else (job["model"], None)
+
+
 def _optimize(job):
     from runtime.runner import write_optimized_model
-    write_optimized_model(job["model"], job["out"], prepacked=True)  # what the defaults prepack, recorded
-    return {}
+    model, folder = _model(job)
+    write_optimized_model(model, job["out"], prepacked=True, data_folder=folder)  # the defaults' prepacks recorded
+    import onnxruntime
+    return {"onnxruntime": onnxruntime.__version__}  # whose folding and prepacking the report describes
 
 
 def _measure(job):
@@ -112,10 +174,11 @@ def _measure(job):
 
     from runtime.inspect.feeds import shaped_feeds
     from runtime.resident import session_growth
-    proto = onnx.load(job["model"], load_external_data=False)
+    model, folder = _model(job)
+    proto = onnx.load_model_from_string(model) if folder else onnx.load(model, load_external_data=False)
     feeds = shaped_feeds(proto, job["rows"], job["shape"], job["shape"]["lengths"][0])
     del proto
-    return session_growth(job["model"], feeds, job["prepacking"])
+    return session_growth(model, feeds, job["prepacking"], data_folder=folder)
 
 
 def _prove(job):
@@ -136,6 +199,8 @@ def main(path):
         answer = _JOBS[job["kind"]](job)
     except MemoryError:
         return _OUT_OF_MEMORY
+    except Changed as e:
+        answer = {"changed": str(e)}
     except Exception as e:  # noqa: BLE001 - onnx or onnxruntime refusing the model: the parent reports it
         if "bad_alloc" in str(e) or "Failed to allocate" in str(e):
             return _OUT_OF_MEMORY

@@ -9,13 +9,15 @@ NO_PREPACKING = "session.disable_prepacking=1"  # the setting that changes it, a
 RESOLUTION = 16 * 2**20  # below this a table's ratio is not given: a session's own pages (~3 MiB) would swamp it
 
 
-def measure(path, rows, shape, folder, limits, model_bytes):
-    """{setting: {resident_bytes, anonymous_bytes, file_bytes} or None, "error": why} for each of SETTINGS, each
+def measure(model, rows, shape, folder, limits, model_bytes):
+    """`model`: {"checked": a Model's checked} (the user's model) or {"model": path} (one this tool wrote).
+
+    {setting: {resident_bytes, anonymous_bytes, file_bytes} or None, "error": why} for each of SETTINGS, each
     in a fresh isolated child, on the feeds `shape` (runtime.inspect.feeds.plan) describes. None where onnxruntime refuses to run the model on the proof's feeds; a crash or
     time-out is an InspectError, like every isolated step."""
     measured = {}
     for setting, prepacking in SETTINGS.items():
-        job = {"kind": "measure", "model": path, "rows": rows, "shape": shape, "prepacking": prepacking,
+        job = {"kind": "measure", **model, "rows": rows, "shape": shape, "prepacking": prepacking,
                "folder": folder}
         try:
             measured[setting] = isolated.call(job, f"running it once ({setting})", limits, model_bytes)

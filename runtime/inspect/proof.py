@@ -8,6 +8,7 @@ import onnx
 
 from runtime.compare.bounds import U, gamma
 from runtime.inspect.feeds import describe, shaped_feeds
+from runtime.inspect.isolated import source
 from runtime.inspect.reading import load
 from runtime.inspect.shares import scalar_constant
 from runtime.runner import Runner
@@ -26,12 +27,14 @@ def _with_outputs(model, names):
     return model
 
 
-def _outputs(path, hidden_names, feeds):
-    """Every output of the model at `path`, and the hidden vectors the heads read, on `feeds`. Its tensor data is
-    left to onnxruntime, read from the model's folder: one session at a time holds the model."""
-    model = _with_outputs(onnx.load(path, load_external_data=False), hidden_names)
-    session = Runner(model, data_folder=os.path.dirname(path)).session  # onnxruntime is the judge: contrib ops
-    names = [o.name for o in session.get_outputs()]                      # are beyond the onnx checker
+def _outputs(proto, folder, hidden_names, feeds):
+    """Every output of the model (a ModelProto, its external data not loaded), and the hidden vectors the heads
+    read, on `feeds`. Its tensor data is left to onnxruntime, read from `folder`: one session at a time holds it."""
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    model = _with_outputs(model, hidden_names)
+    session = Runner(model, data_folder=folder).session  # onnxruntime is the judge: contrib ops are beyond
+    names = [o.name for o in session.get_outputs()]      # the onnx checker
     return dict(zip(names, session.run(names, feeds)))
 
 
@@ -51,9 +54,13 @@ class OriginalFails(Exception):
 
 
 def prove(job):
-    """One-line failures (empty: proven) for job {before, after, rewritten: [[output, hidden, table, transposed, now]],
-    rows, shape (feeds.plan), folder}; OriginalFails when the original itself does not run on those feeds."""
-    before = load(job["before"])
+    """One-line failures (empty: proven) for job {before, checked (its Model's), after, rewritten: [[output, hidden,
+    table, transposed, now]], rows, shape (feeds.plan), folder}; OriginalFails when the original itself does not run
+    on those feeds. The original is read as checked (isolated.source), never from a file swapped in since."""
+    data, folder = source(job["checked"])
+    before = load(job["before"], data=data)
+    del data
+    after = onnx.load(job["after"], load_external_data=False)
     flipped = {table: transposed for _, _, table, transposed, _ in job["rewritten"]}
     tables = {name: before.tensors[name].values().T if transposed else before.tensors[name].values()
               for name, transposed in flipped.items()}  # each [vocab, width], memory-mapped
@@ -65,12 +72,12 @@ def prove(job):
     for sequence in job["shape"]["lengths"]:
         feeds = shaped_feeds(before.proto, job["rows"], job["shape"], sequence)
         try:
-            old = _outputs(job["before"], watched, feeds)
+            old = _outputs(before.proto, folder, watched, feeds)
         except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
             raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
                                 f"({describe(dict(job['shape'], lengths=[sequence]))}): "
                                 f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:300]}") from None
-        new = _outputs(job["after"], watched, feeds)
+        new = _outputs(after, os.path.dirname(job["after"]), watched, feeds)
         failures += [f"{sequence} new token(s): {f}" for f in _compare(old, new, head_of, chains, tables)]
     return failures
 

@@ -5,6 +5,7 @@ resolved and refused if it leaves the model's folder, before it is opened; each 
 against the file that must hold it before memory is reserved; tensor data stays on disk (memory-mapped)
 until a comparison reads it.
 """
+import hashlib
 import math
 import os
 import stat
@@ -80,21 +81,27 @@ class Tensor:
 
 
 class Model:
-    """A parsed model whose every tensor passed `check_tensor`: proto, {name: Tensor}, bytes on disk."""
+    """A parsed model whose every tensor passed `check_tensor`: proto, {name: Tensor}, bytes on disk; `checked`
+    says which bytes and files were checked: {path, size, digest, folder, files: {path: [device, inode, size]}}
+    (runtime.inspect.isolated.source hands onnxruntime those bytes and nothing else)."""
 
-    def __init__(self, path, proto, tensors, file_bytes, folder):
+    def __init__(self, path, proto, tensors, file_bytes, folder, checked):
         self.path, self.proto, self.tensors, self.file_bytes, self.folder = path, proto, tensors, file_bytes, folder
+        self.checked = checked
 
 
 def _regular_file(path, what):
-    """os.stat of `path`, or InspectError unless it is a regular file."""
+    """os.fstat of `path` opened once (never blocking: a FIFO is refused, not waited on), with the descriptor;
+    or InspectError unless it is a regular file it can read."""
     try:
-        info = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError) as e:
         raise InspectError(f"{what}: {getattr(e, 'strerror', None) or e}") from None
+    info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block or never end
+        os.close(fd)
         raise InspectError(f"{what}: not a regular file")
-    return info
+    return info, fd
 
 
 def inside(folder, location, name):
@@ -134,11 +141,9 @@ def _external(tensor, folder, nbytes, files):
                            f"{list(tensor.dims)} of {_type_name(tensor)} need {nbytes} bytes")
     if path not in files:
         what = f"initializer {tensor.name!r}: external data {info['location']!r}"
-        files[path] = [_regular_file(path, what), 0]
-        try:
-            open(path, "rb").close()  # a regular file: opening cannot block
-        except OSError as e:
-            raise InspectError(f"{what}: cannot be read: {e.strerror}") from None
+        stats, fd = _regular_file(path, what)
+        os.close(fd)
+        files[path] = [stats, 0]
     size = files[path][0].st_size
     if offset + length > size:
         raise InspectError(f"initializer {tensor.name!r}: external data {info['location']!r} has {size} "
@@ -155,6 +160,7 @@ def _not_sparse(files):
     a few KiB could otherwise make onnxruntime materialise gigabytes)."""
     for path, (info, declared) in files.items():
         held = info.st_blocks * 512
+        declared = min(declared, info.st_size)  # tensors may share a range: the file holds what it is long
         if declared > _SPARSE_FROM and held < declared // 2:
             raise InspectError(f"external data {os.path.basename(path)!r} holds {held} bytes on disk but its tensors "
                                f"declare {declared}: a sparse file; refused")
@@ -243,21 +249,16 @@ def _names_are_text(graph):
         raise InspectError(f"a name is not valid UTF-8 ({bad[:60]!r}): not a valid ONNX model")
 
 
-def load(path, folder=None):
+def load(path, folder=None, data=None):
     """Parse `path` and check every tensor in it (main graph, subgraphs, attributes): a Model, or InspectError.
 
     `folder` is where external data may live (default: the model's own folder). Nothing outside it is opened.
+    `data`: the file's bytes, already read (runtime.inspect.isolated.source), parsed instead of reading it again.
     """
-    info = _regular_file(path, os.fspath(path))
-    size = info.st_size
-    if size > _PROTOBUF_MOST:
-        raise InspectError(f"{path}: {size} bytes, more than a protobuf holds (2 GiB; larger tensors go in external "
-                           "data): not an ONNX model file")
-    if size > _SPARSE_FROM and info.st_blocks * 512 < size // 2:
-        raise InspectError(f"{path}: holds {info.st_blocks * 512} bytes on disk but is {size} long: a sparse file; "
-                           "refused")
-    with open(path, "rb") as f:
-        data = f.read()
+    if data is None:
+        info, fd = _regular_file(path, os.fspath(path))
+        with open(fd, "rb") as f:  # read once, from the descriptor checked: what is parsed is what was stat'ed
+            data = _read_checked(f, info, path)
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(data)
@@ -275,4 +276,18 @@ def load(path, folder=None):
                 raise InspectError(f"initializer {tensor.name!r} is defined twice")
             tensors[tensor.name] = checked
     _not_sparse(files)
-    return Model(path, proto, tensors, size + sum(info.st_size for info, _ in files.values()), folder)
+    checked = {"path": os.fspath(path), "size": len(data), "digest": hashlib.blake2b(data, digest_size=16).hexdigest(),
+               "folder": folder, "files": {p: [info.st_dev, info.st_ino, info.st_size] for p, (info, _) in files.items()}}
+    return Model(path, proto, tensors, len(data) + sum(info.st_size for info, _ in files.values()), folder, checked)
+
+
+def _read_checked(f, info, path):
+    """The bytes of a model file, refused unread if it is past protobuf's 2 GiB or sparse."""
+    size = info.st_size
+    if size > _PROTOBUF_MOST:
+        raise InspectError(f"{path}: {size} bytes, more than a protobuf holds (2 GiB; larger tensors go in external "
+                           "data): not an ONNX model file")
+    if size > _SPARSE_FROM and info.st_blocks * 512 < size // 2:
+        raise InspectError(f"{path}: holds {info.st_blocks * 512} bytes on disk but is {size} long: a sparse file; "
+                           "refused")
+    return f.read(size)

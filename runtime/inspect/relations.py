@@ -2,7 +2,6 @@
 import hashlib
 
 import numpy as np
-import onnxruntime as ort
 from onnx import TensorProto
 
 from runtime.inspect import quantized, shares
@@ -181,11 +180,12 @@ def _same_bytes(a, b):
 SMALL_COPY = 4096  # runtime copies under this many bytes (folded shape constants) are summarised in one line
 
 
-def vocabulary(model, tables, heads, pairs, copies, held):
+def vocabulary(model, tables, heads, pairs, copies, held, version):
     """One entry per table a lookup reads: size, format, bytes, tie, and the copies a session holds.
 
     `held(names, table_bytes, other_bytes)` gives the `in_memory` entry of the tensors `names` (the table, a
-    duplicate of it, what onnxruntime folds from them); `tables_in_memory` is its count under the defaults."""
+    duplicate of it, what onnxruntime folds from them); `tables_in_memory` is its count under the defaults;
+    `version` is the onnxruntime whose behaviour the counts describe (the isolated child's)."""
     params, counted = shares.parameters(model, tables, heads, pairs)
     producer = {out: node for node in model.proto.graph.node for out in node.output}
     consumers = {}
@@ -220,5 +220,5 @@ def vocabulary(model, tables, heads, pairs, copies, held):
                         "kind": shares.kind(model, table, producer),
                         "padded_width": table.get("padded_width"),
                         "byte_share": round(table["bytes"] / total_bytes, 4) if total_bytes else None,
-                        "onnxruntime": ort.__version__})  # whose folding and prepacking the counts describe
+                        "onnxruntime": version})  # whose folding and prepacking the counts describe
     return entries

@@ -1,5 +1,4 @@
 """The text report and the --json document of runtime.inspect, from inspect_model's findings."""
-import onnxruntime as ort
 
 from runtime.inspect import memory
 from runtime.inspect.relations import SMALL_COPY
@@ -11,7 +10,7 @@ def report(info, path, out):
     """The text report of `info` (cli.inspect_model) for the model at `path`, written to `out`."""
     w = out.write
     w(f"{path}: {len(info['initializers'])} initializers, {info['file_bytes']} bytes on disk; as onnxruntime "
-      f"{ort.__version__} loads and runs it\n")
+      f"{info['onnxruntime']} loads and runs it\n")
     if info["vocabulary"]:
         v = info["vocabulary"][0]
         w(f"parameters: {v['parameters_counted']}, as Hugging Face counts them: {v['parameters_what']}\n")

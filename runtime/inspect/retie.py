@@ -250,7 +250,7 @@ def retie(model, found, out_path, folder, limits, say):
     staged = os.path.join(folder, "retied.onnx")
     graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
     rows = found["rows"]
-    job = {"kind": "prove", "before": os.path.abspath(model.path), "after": staged, "rewritten": rewritten,
+    job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged, "rewritten": rewritten,
            "rows": rows, "folder": folder, "shape": found["shape"]}
     try:
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
@@ -282,7 +282,7 @@ def retie(model, found, out_path, folder, limits, say):
     if failures:
         say(f"retie: not proven, nothing written: {failures[0]}\n")
         return 1
-    measured = memory.measure(staged, rows, found["shape"], folder, limits, model.file_bytes)
+    measured = memory.measure({"model": staged}, rows, found["shape"], folder, limits, model.file_bytes)
     limits.progress(f"writing {out_path}")
     written = graphs.save(model.proto, out_path, check=False, sources=sources)  # the model the child checked
     size = sum(os.path.getsize(p) for p in written)

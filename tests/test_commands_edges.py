@@ -1,0 +1,122 @@
+"""compare, graphs.export, bench and embed.py at their edges: sizes they cannot hold, output paths they cannot
+write, and signals mid-run. Each is one line and exit 2 (or 143) before or instead of the work, nothing left."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import onnx
+import pytest
+
+from graphs.storage import umask
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def command(*args, timeout=120, **kwargs):
+    done = subprocess.run([*args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
+    return done.returncode, done.stdout, done.stderr
+
+
+def refused(code, err, *words):
+    return code == 2 and err.count("\n") == 1 and "Traceback" not in err and all(w in err for w in words)
+
+
+def physical():
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--json", "{tmp}"], ["--json", "a folder"]),
+    (["--json", "{tmp}/missing/out.json"], ["no such folder"]),
+    (["--json", ""], ["--json", "a folder or nothing"]),
+    (["--export", "{tmp}/held"], ["gather_lookup.onnx.data exists", "refusing to overwrite"]),
+    (["--export", "{tmp}/file"], ["--export", "is not a folder"]),
+])
+def test_compare_refuses_an_output_it_cannot_write_before_the_run(tmp_path, args, words):
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "gather_lookup.onnx.data").write_bytes(b"a user's data")
+    (tmp_path / "file").write_text("x")
+    before = sorted(os.listdir(tmp_path))
+    start = time.monotonic()
+    code, _, err = command(sys.executable, "-m", "runtime.compare", *[a.format(tmp=tmp_path) for a in args])
+    assert refused(code, err, *words), err
+    assert time.monotonic() - start < 30  # at parsing, not after the run
+    assert sorted(os.listdir(tmp_path)) == before and os.listdir(tmp_path / "held") == ["gather_lookup.onnx.data"]
+
+
+def test_compare_json_follows_the_umask(tmp_path):
+    out = tmp_path / "r.json"
+    code, _, err = command(sys.executable, "-m", "runtime.compare", "--vocab-size", "64", "--width", "8",
+                           "--format", "float32", "--json", str(out), timeout=300)
+    assert code == 0, err
+    assert os.stat(out).st_mode & 0o777 == 0o666 & ~umask()
+    assert sorted(os.listdir(tmp_path)) == ["r.json"]
+
+
+@pytest.mark.parametrize("args", [["--vocab-size", "4096"], ["--vocab-size", "50000", "--width", "256"]],
+                         ids=["here", "rerun-on-huge-pages"])
+def test_sigterm_mid_compare_leaves_nothing(tmp_path, args):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    process = subprocess.Popen([sys.executable, "-m", "runtime.compare", *args], cwd=ROOT, text=True,
+                               env=dict(os.environ, TMPDIR=str(scratch)), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not [n for n in os.listdir(scratch) if n.startswith("pymp-")] and time.monotonic() < deadline:
+        time.sleep(0.05)  # its second process is up
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode == 143 and err.count("\n") == 1 and "terminated" in err, err
+    assert not [n for n in os.listdir(scratch) if n.startswith(("onnx-lab-", "pymp-", "tmp"))]
+    time.sleep(0.5)
+    assert subprocess.run(["pgrep", "-f", str(scratch)], capture_output=True, text=True).stdout == ""
+
+
+def test_export_refuses_a_size_it_cannot_hold_naming_the_bytes(tmp_path):
+    code, _, err = command(sys.executable, "-m", "graphs.export", str(tmp_path / "out"), "--vocab-size", "100000",
+                           "--width", "100000")
+    assert refused(code, err, "would need about 400000000000 bytes", "this machine has")
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_into_a_folder_holding_a_data_file_is_refused(tmp_path):
+    (tmp_path / "tied_logits.onnx.data").write_bytes(b"a user's data")
+    code, _, err = command(sys.executable, "-m", "graphs.export", str(tmp_path))
+    assert refused(code, err, "tied_logits.onnx.data exists", "--force")
+    assert os.listdir(tmp_path) == ["tied_logits.onnx.data"]
+
+
+def test_sigterm_during_an_export_save_leaves_no_staged_file(tmp_path):
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-m", "graphs.export", str(out), "--vocab-size", "131072",
+                                "--width", "512"], cwd=ROOT, text=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out.exists() and [n for n in os.listdir(out) if n.startswith(".saving-")]):
+        time.sleep(0.01)  # caught mid-save
+    process.send_signal(signal.SIGTERM)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode == 143 and "terminated" in err and "Traceback" not in err, err
+    left = os.listdir(out)
+    assert not [n for n in left if n.startswith(".saving-")]
+    for name in left:  # what was placed is whole: each model has the data file it names
+        if name.endswith(".onnx"):
+            onnx.load(str(out / name))
+
+
+def test_embed_refuses_a_size_it_cannot_hold_on_a_bare_python():
+    vocab = physical() // (3 * 32 * 100) + 1
+    code, _, err = command(sys.executable, "-I", "-S", "embed.py", "--vocab-size", str(vocab), "--width", "100")
+    assert refused(code, err, "embed.py", "would need about", "this machine has")
+
+
+def test_bench_refuses_outputs_it_cannot_write_before_measuring(tmp_path):
+    for args, words in ((["--json", str(tmp_path)], ["a folder"]), (["--json", str(tmp_path / "no" / "x.json")],
+                                                                      ["no such folder"])):
+        start = time.monotonic()
+        code, _, err = command(sys.executable, "-m", "runtime.bench", "--quick", *args)
+        assert refused(code, err, *words), err
+        assert time.monotonic() - start < 30
