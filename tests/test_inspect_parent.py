@@ -5,7 +5,6 @@ import mmap
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import time

@@ -13,6 +13,7 @@ from runtime.bench.formats import bench_formats
 from runtime.bench.lookups import bench_format_lookups, bench_lookups, bench_packed_rows
 from runtime.bench.memory import bench_memory
 from runtime.bench.report import plot, plot_formats, report
+from runtime.bench.timing import stage
 
 
 def main(argv=None):
@@ -45,15 +46,23 @@ def main(argv=None):
     sizes = [(50257, 768)] if args.quick else [(50257, 768), (128256, 1024)]
     heads = [(50257, 768)] if args.quick else [(50257, 768), (128256, 4096)]
     results = {"quick": args.quick, "onnxruntime": ort.__version__, "numpy": np.__version__, "cores": os.cpu_count()}
+    stage("a/b: Gather against numpy's take and OneHot+MatMul")
     results["lookups"] = bench_lookups(vocabs, 256, budget)
+    stage("b': the lookup at every format, small and large vocabulary")
     results["format_lookups"] = bench_format_lookups([1024, 131072], 256, budget)
+    stage("b'': the int4 lookup two ways")
     results["packed_rows"] = bench_packed_rows(131072, [1, 256], budget)
     with tempfile.TemporaryDirectory(prefix="onnx-lab-bench-") as folder:
+        stage("c: the tied head through Runner.run against numpy's best matmul")
         results["head"] = bench_head(heads, [1, 64, 512], budget, folder)
+        stage("d: resident memory a session adds")
         results["memory"] = bench_memory(sizes, folder)
         formats = [(50257, 768)] if args.quick else [(50257, 768), (151936, 896), (128256, 4096)]
+        stage("d': every format's head: bytes, resident, time per token")
         results["formats"] = bench_formats(formats, budget, folder)
+    stage("e: the per-run floor")
     results["floor"] = bench_floor(budget)
+    stage()
     print(report(results))
     if args.json:
         write_text(args.json, json.dumps(results, indent=2))

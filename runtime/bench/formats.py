@@ -18,7 +18,7 @@ import numpy as np
 import embed
 import graphs
 from runtime.bench.probes import child
-from runtime.bench.timing import progress, race
+from runtime.bench.timing import progress, race_rounds, same_round_ratio
 from runtime.runner import Runner
 
 BLOCK = 32  # int8 / int4 columns per scale: the block layout MatMulNBits reads
@@ -86,9 +86,10 @@ def bench_formats(sizes, budget, folder):
             step = {"ids": np.zeros((1, n), np.int64), "hidden": hidden[:, :n]}
             outputs = {k: {"logits": np.empty((1, n, vocab), np.float32),
                            "embeddings": np.empty((1, n, width), np.float32)} for k in runners}
-            times = race({k: (lambda k=k: runners[k].run(step, out=outputs[k])) for k in runners}, budget, 3)
-            for key, seconds in times.items():
-                found[key][f"n{n}_s"] = seconds
+            rounds = race_rounds({k: (lambda k=k: runners[k].run(step, out=outputs[k])) for k in runners}, budget, 5)
+            for key, seconds in rounds.items():
+                found[key][f"n{n}_s"] = min(seconds)
+                found[key][f"n{n}_vs_float32"] = same_round_ratio(rounds, key, "float32")
         del runners
         for key, r in found.items():
             floor = r["table_bytes"] / floor_rate
@@ -96,8 +97,8 @@ def bench_formats(sizes, budget, folder):
                          "block_size": r["block_size"], "table_bytes": r["table_bytes"], **r["held"],
                          "times_table": r["held"]["resident_bytes"] / r["table_bytes"],
                          "token_s": r["n1_s"], "prompt_s": r[f"n{PROMPT}_s"],
-                         "token_vs_float32": r["n1_s"] / found["float32"]["n1_s"],
-                         "prompt_vs_float32": r[f"n{PROMPT}_s"] / found["float32"][f"n{PROMPT}_s"],
+                         "token_vs_float32": r["n1_vs_float32"][0], "token_spread": r["n1_vs_float32"][1],
+                         "prompt_vs_float32": r[f"n{PROMPT}_vs_float32"][0],
                          "token_vs_numpy": r["n1_s"] / numpy_s["1"], "floor_s": floor, "token_vs_floor": r["n1_s"] / floor,
                          "top8_overlap": r["accuracy"][0], "logit_error": r["accuracy"][1],
                          "bandwidth": floor_rate})

@@ -8,7 +8,7 @@ import embed
 import graphs
 from graphs import precision
 from graphs.builders import OPSET
-from runtime.bench.timing import best_time, bound_run, progress, race, race_rounds, session
+from runtime.bench.timing import best_time, bound_run, progress, race, race_rounds, same_round_ratio, session
 
 WIDTH = 768
 
@@ -51,10 +51,9 @@ def bench_format_lookups(vocabs, tokens, budget, block_size=32):
         rounds = race_rounds(runs, budget, 7)
         times = {v: min(t) for v, t in rounds.items()}
         small, large = min(vocabs), max(vocabs)
-        ratios = sorted(a / b for a, b in zip(rounds[large], rounds[small]))  # within each round: the same load
+        ratio, spread = same_round_ratio(rounds, large, small)
         rows.append({"format": fmt, "block_size": block, "tokens": tokens,
-                     "seconds": {str(v): t for v, t in times.items()},
-                     "large_vs_small": ratios[len(ratios) // 2], "spread": [ratios[0], ratios[-1]]})
+                     "seconds": {str(v): t for v, t in times.items()}, "large_vs_small": ratio, "spread": spread})
         progress(f"{fmt} lookup of {tokens} ids: V={small} {times[small] * 1e6:.0f} us, V={large} "
                  f"{times[large] * 1e6:.0f} us ({times[large] / times[small]:.2f}x)")
     return rows

@@ -3,13 +3,27 @@ import sys
 import time
 
 
+from runtime.progress import Progress
 from runtime.resident import resident
 from runtime.runner import bind, open_session, session_options
 
 
+_LIVE = Progress(enabled=True)  # a refreshed line on a terminal, nothing otherwise
+
+
 def progress(message):
-    """One line on stderr: the bench's progress (the report goes to stdout)."""
+    """One line on stderr: a figure as it is measured (the report goes to stdout)."""
+    _LIVE.done()
     print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def stage(what=None):
+    """Say on the refreshed line (a terminal only) what is being measured now, until the next figure; with no
+    argument, clear the line."""
+    if what is None:
+        _LIVE.done()
+    else:
+        _LIVE(what)
 
 
 def race(fns, budget, rounds=5):
@@ -35,6 +49,13 @@ def race_rounds(fns, budget, rounds=5):
                 fn()
             seen[name].append((time.perf_counter() - start) / loops[name])
     return seen
+
+
+def same_round_ratio(rounds, a, b):
+    """(median, [lowest, highest]) of a's time over b's within each round of race_rounds(): both measured under
+    the same load, so a slow spell moves the spread, not the verdict (judge on the median)."""
+    ratios = sorted(x / y for x, y in zip(rounds[a], rounds[b]))
+    return ratios[len(ratios) // 2], [ratios[0], ratios[-1]]
 
 
 def best_time(fn, budget):

@@ -134,8 +134,14 @@ def _check_out(out, model):
     for target in (out, graphs.storage.data_path(out)):
         if os.path.lexists(target):
             raise InspectError(f"{target} exists; refusing to overwrite it")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
         raise InspectError(f"{os.path.dirname(out)}: no such folder for OUT")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InspectError(f"{folder}: not writable; OUT cannot be written there")
+    space = os.statvfs(folder)
+    if space.f_bavail * space.f_frsize == 0:
+        raise InspectError(f"{folder}: no space left for OUT")
 
 
 def _writer(stream, progress=None):
@@ -183,7 +189,11 @@ def main(argv=None, supervised=True):
     if not supervised:
         with tempfile.TemporaryDirectory(prefix="onnx-lab-inspect-") as scratch:
             return _work(args, parser.prog, scratch)
-    scratch = tempfile.mkdtemp(prefix="onnx-lab-inspect-")
+    try:
+        scratch = tempfile.mkdtemp(prefix="onnx-lab-inspect-")
+    except OSError as e:  # no usable TMPDIR (read-only, full, missing)
+        print(printable(f"{parser.prog}: error: no scratch folder: {e.strerror or e}"), file=sys.stderr)
+        return 2
     staging = None if args.retie is None else os.path.dirname(os.path.abspath(args.retie))
     return guard.supervise(lambda: _work(args, parser.prog, scratch), args.timeout, scratch, staging, parser.prog)
 
