@@ -9,7 +9,7 @@ import time
 import onnx
 import pytest
 
-from graphs.storage import umask
+from graphs.storage import umask, write_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -120,3 +120,15 @@ def test_bench_refuses_outputs_it_cannot_write_before_measuring(tmp_path):
         code, _, err = command(sys.executable, "-m", "runtime.bench", "--quick", *args)
         assert refused(code, err, *words), err
         assert time.monotonic() - start < 30
+
+
+def test_reports_are_written_atomically_with_the_users_mode(tmp_path):
+    old = os.umask(0o027)
+    try:
+        write_text(str(tmp_path / "r.json"), "{}\n")  # bench --json and compare --json write through this
+        assert os.stat(tmp_path / "r.json").st_mode & 0o777 == 0o640
+        with pytest.raises(TypeError):
+            write_text(str(tmp_path / "s.json"), None)  # fails mid-write: nothing staged is left
+    finally:
+        os.umask(old)
+    assert os.listdir(tmp_path) == ["r.json"]

@@ -53,6 +53,7 @@ def inspect_model(path, folder, limits=None, proof_past=None):
     model = load(path)
     shape = feeds.plan(model.proto, path, proof_past)
     tables, heads = find_tables_and_heads(model)
+    limits.progress(f"relating {len(tables)} table(s) and {len(heads)} head(s): a digest of each")
     pairs = relate(model, tables, heads)
     optimized_path = os.path.join(folder, "optimized.onnx")
     job = {"kind": "optimize", "checked": model.checked, "out": optimized_path, "folder": folder}

@@ -248,6 +248,7 @@ def retie(model, found, out_path, folder, limits, say):
         say("retie: nothing to do: no duplicated head, and no head reading its table through a Transpose\n")
         return 0
     staged = os.path.join(folder, "retied.onnx")
+    limits.progress("writing the retied model to the scratch folder, to prove it")
     graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
     rows = found["rows"]
     job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged, "rewritten": rewritten,

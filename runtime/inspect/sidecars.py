@@ -27,10 +27,11 @@ def read(model_path, name):
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO does not block the open
     except OSError:
         return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:  # a folder, FIFO or device: not opened as a file
+        os.close(fd)
+        return None
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:
-            return None
         return f.read(MAX_BYTES + 1)[:MAX_BYTES]
 
 
@@ -86,16 +87,23 @@ def _decoder_file(config):
 
 
 def _claim(path, data):
-    """Write `data` to a staging file, then link it to `path` only if nothing is there (never replaced)."""
-    fd, staged = tempfile.mkstemp(prefix=".sidecar-", dir=os.path.dirname(path))
+    """Write `data` to a staging file, then link it to `path` only if nothing is there (never replaced). A file
+    that cannot be written (a full disk) is said in the line and skipped: OUT, already in place, stays whole."""
+    name = os.path.basename(path)
+    try:
+        fd, staged = tempfile.mkstemp(prefix=".sidecar-", dir=os.path.dirname(path))
+    except OSError as e:
+        return f"{name} not copied beside OUT: {e.strerror}"
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.chmod(staged, 0o666 & ~umask())
         os.link(staged, path)
     except FileExistsError:
-        return f"{os.path.basename(path)} exists beside OUT: left as it is"
+        return f"{name} exists beside OUT: left as it is"
+    except OSError as e:
+        return f"{name} not copied beside OUT: {e.strerror}"
     finally:
         os.unlink(staged)
-    return f"copied {os.path.basename(path)} beside OUT"
+    return f"copied {name} beside OUT"
 
