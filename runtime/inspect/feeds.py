@@ -47,9 +47,8 @@ def plan(model, model_path, past=None):
     config declare, unless `past` is given), the new-token counts to run (within the declared context) and the
     head size genai_config.json gives, for a checked Model's proto at `model_path`."""
     hints = _hints(model_path)
-    windows = hints["windows"] + [_count(helper.get_attribute_value(a)) for node in model.graph.node
-                                  for a in node.attribute if a.name in _WINDOW_ATTRIBUTES
-                                  and a.type == a.INT]
+    windows = hints["windows"] + [_count(a.i) for node in model.graph.node for a in node.attribute
+                                  if a.name in _WINDOW_ATTRIBUTES and a.type == a.INT and not a.ref_attr_name]
     windows = [w for w in windows if w]
     chosen = past if past is not None else max([PAST] + windows)
     why = (f"--proof-past {past}" if past is not None else
