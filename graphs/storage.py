@@ -62,16 +62,25 @@ def check_output(path, what):
     folder = os.path.dirname(os.path.abspath(path))
     if not path or path.endswith(os.sep) or os.path.isdir(path):
         raise ValueError(f"{what} {path!r}: a folder or nothing; name the file to write")
+    _utf8(path, what)
     if not os.path.isdir(folder):
         raise ValueError(f"{what} {path}: no such folder {folder}")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path}: the folder {folder} is not writable")
 
 
+def _utf8(path, what):
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} {path!r} is not UTF-8: onnx takes only UTF-8 paths") from None
+
+
 def check_folder(folder, what):
     """ValueError (one line) unless `folder` is, or can be made as, a folder this process may write into."""
     if not folder or (os.path.exists(folder) and not os.path.isdir(folder)):
         raise ValueError(f"{what} {folder!r} is not a folder")
+    _utf8(folder, what)
     existing = folder
     while not os.path.isdir(existing):  # the folder a missing one would be made in
         existing = os.path.dirname(os.path.abspath(existing))
@@ -142,24 +151,28 @@ def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False
 def _place(staging, targets, overwrite):
     """Give the staged files their names, the data first (once the model file appears, it is whole). Without
     `overwrite` each is hard-linked into place, which fails rather than replace a file that appeared meanwhile
-    (another writer racing for the same name): what this call placed is then removed and FileExistsError raised."""
+    (another writer racing for the same name): what this call placed is then removed and FileExistsError raised.
+    Anything else that stops it between the two (a signal, a deadline) takes back what it placed too."""
     placed = []
-    for target in reversed(targets):
-        staged = os.path.join(staging, os.path.basename(target))
-        if overwrite:
-            os.replace(staged, target)
-            continue
-        try:
-            os.link(staged, target)
-        except FileExistsError:
-            for done in placed:
-                os.remove(done)
-            raise FileExistsError(f"{target} appeared while writing; refusing to overwrite it") from None
-        except OSError:  # a filesystem without hard links: checked above, replaced now
-            if os.path.lexists(target):
-                raise FileExistsError(f"{target} exists; refusing to overwrite it") from None
-            os.replace(staged, target)
-        placed.append(target)
+    try:
+        for target in reversed(targets):
+            staged = os.path.join(staging, os.path.basename(target))
+            if overwrite:
+                os.replace(staged, target)
+                continue
+            try:
+                os.link(staged, target)
+            except FileExistsError:
+                raise FileExistsError(f"{target} appeared while writing; refusing to overwrite it") from None
+            except OSError:  # a filesystem without hard links: checked above, replaced now
+                if os.path.lexists(target):
+                    raise FileExistsError(f"{target} exists; refusing to overwrite it") from None
+                os.replace(staged, target)
+            placed.append(target)
+    except BaseException:
+        for done in placed:  # a data file without its model is not left behind
+            os.remove(done)
+        raise
 
 
 def _large(tensor, min_bytes):

@@ -68,7 +68,8 @@ class OneLineParser(argparse.ArgumentParser):
     typo, and a main() called from Python returns 2 rather than exiting."""
 
     def error(self, message):
-        raise UsageError(f"{self.prog}: error: {message}")
+        shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message)
+        raise UsageError(f"{self.prog}: error: {shown}")  # an argument's control characters escaped, as \x1b
 
 
 def physical_memory():
@@ -100,19 +101,35 @@ def parse_ids(text):
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised where the process is, so every `with` and `finally` on the way out runs: scratch folders
-    and staged outputs are removed, child processes stopped (see raise_on_sigterm)."""
+    """SIGTERM or SIGHUP, raised where the process is, so every `with` and `finally` on the way out runs: scratch
+    folders and staged outputs are removed, child processes stopped (see raise_on_sigterm). `signum` says which;
+    the exit status is 128 + signum."""
+
+    def __init__(self, signum=signal.SIGTERM):
+        super().__init__(signum)
+        self.signum = signum
+
+    def line(self, prog):
+        """The one line to say, e.g. 'python -m runtime.compare: terminated (SIGTERM); no partial file left'."""
+        return f"{prog}: terminated ({signal.Signals(self.signum).name}); no partial file left"
 
 
 def _terminate(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: cleaning up is not interrupted by another
-    raise Terminated()
+    for sig in _ENDING:  # one is enough: cleaning up is not interrupted by another
+        signal.signal(sig, signal.SIG_IGN)
+    raise Terminated(signum)
+
+
+_ENDING = (signal.SIGTERM, signal.SIGHUP)
 
 
 def raise_on_sigterm():
-    """Make SIGTERM raise Terminated in the main thread (unless someone else already handles it)."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminate)
+    """Make SIGTERM and SIGHUP (the terminal closed) raise Terminated in the main thread, unless someone else
+    already handles them."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in _ENDING:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _terminate)
 
 
 def run_cli(main, argv=None, prog=None):
@@ -123,16 +140,17 @@ def run_cli(main, argv=None, prog=None):
     prog = prog or os.path.basename(sys.argv[0])
     try:
         code = main(argv)
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None when the descriptor was closed (`>&-`)
+            sys.stdout.flush()
     except UsageError as e:
         print(e, file=sys.stderr)
         code = 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; no partial file left", file=sys.stderr)
         code = 130
-    except Terminated:
-        print(f"{prog}: terminated; no partial file left", file=sys.stderr)
-        code = 143
+    except Terminated as e:
+        print(e.line(prog), file=sys.stderr)
+        code = 128 + e.signum
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
         code = 1

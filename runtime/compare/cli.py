@@ -68,8 +68,8 @@ def _run_child(command, env):
         except subprocess.TimeoutExpired:
             child.terminate()
             return child.wait()
-    except embed.Terminated:
-        child.terminate()
+    except embed.Terminated as e:
+        child.send_signal(e.signum)
         return child.wait()
 
 

@@ -160,7 +160,7 @@ def _stretch(config, reference, sessions, fmt, block_size, codes, scales, tag):
 
 def _figures(config, reference, sessions, fmt, block_size, value_errors, logits, level, tag):
     """What the format does to the lab's answers: neighbor lists against float32's, and the head's logits."""
-    rng = np.random.default_rng(config.seed)
+    rng = np.random.default_rng(config.seed & (2**64 - 1))  # any seed the table takes, negative too (as make_table)
     queries = rng.choice(config.vocab, size=min(QUERIES, config.vocab), replace=False)
     k = min(config.k, config.vocab - 1)
     feeds = {"ids": queries, "k": [k]}

@@ -38,8 +38,9 @@ checked before it is read, external data must lie inside the model's folder, and
 process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole command."""
 
 EPILOG = """exit status: 0 report written (and OUT, if --retie had something to do); 1 the retie proof failed,
-nothing written; 2 bad usage, a model that cannot be read safely, or one that cannot be proven on this machine
-(onnxruntime cannot run the original on the proof's feeds) (one line on stderr)."""
+nothing written (or whoever read the report stopped, as `| head` does); 2 bad usage, a model that cannot be read
+safely, or one that cannot be proven on this machine (onnxruntime cannot run the original on the proof's feeds),
+or --timeout passed (one line on stderr); 130 / 143 / 129 interrupted, terminated, hung up (nothing left behind)."""
 
 
 def inspect_model(path, folder, limits=None, proof_past=None):
@@ -125,9 +126,19 @@ def _past(text):
     return int(text)
 
 
+def _utf8(path, what):
+    """InspectError unless `path` is text onnx can hold: a model names its data file by it, onnxruntime is told
+    its folder."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InspectError(f"{what} {path!r} is not UTF-8: onnx and onnxruntime take only UTF-8 paths") from None
+
+
 def _check_out(out, model):
     if not out:
         raise InspectError("--retie needs a file name for OUT, got ''")
+    _utf8(out, "OUT")
     if out.endswith(os.sep) or os.path.isdir(out):
         raise InspectError(f"--retie {out}: a folder; OUT names the model file to write (e.g. {os.path.join(out, 'model.onnx')})")
     if os.path.realpath(out) == os.path.realpath(model):
@@ -173,12 +184,19 @@ def main(argv=None, supervised=True):
                         help="past tokens (KV cache length) in the decoder feeds the model is run and proven on "
                              f"(default {feeds.PAST}, or the longest sliding window the model or the "
                              "genai_config.json / config.json beside it declares)")
+    if sys.stderr is None:  # closed (`2>&-`): errors go nowhere, the exit status still says
+        sys.stderr = open(os.devnull, "w")
     for stream in (sys.stdout, sys.stderr):  # a name an ASCII terminal cannot show is escaped, not an error
-        if hasattr(stream, "reconfigure"):
+        try:
             stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, LookupError, ValueError):  # not a text stream, or an encoding without it (idna)
+            pass
     raise_on_sigterm()  # SIGTERM unwinds like SIGINT: the scratch folder and a staged OUT go, the child is killed
     try:
         args = parser.parse_args(argv)
+        if sys.stdout is None:
+            raise InspectError("standard output is closed: the report has nowhere to go")
+        _utf8(args.model, "MODEL's path")
         if args.retie is not None:
             _check_out(args.retie, args.model)
     except UsageError as e:
@@ -196,14 +214,15 @@ def main(argv=None, supervised=True):
         print(printable(f"{parser.prog}: error: no scratch folder: {e.strerror or e}"), file=sys.stderr)
         return 2
     staging = None if args.retie is None else os.path.dirname(os.path.abspath(args.retie))
-    return guard.supervise(lambda: _work(args, parser.prog, scratch), args.timeout, scratch, staging, parser.prog)
+    return guard.supervise(lambda: _work(args, parser.prog, scratch), args.timeout, scratch, staging, parser.prog,
+                           args.retie)
 
 
 def _work(args, prog, folder):
     """The command itself, in guard's worker: the report, and OUT if --retie; its exit status."""
     memory = None if args.memory_limit is None else int(args.memory_limit * isolated.GiB)
     progress = Progress(enabled=True)  # stderr, on a terminal only
-    limits = isolated.Limits(args.timeout, memory, progress)
+    limits = isolated.Limits(args.timeout, memory, progress, guard.committing)
     try:
         info = inspect_model(args.model, folder, limits, args.proof_past)
         progress.done()
@@ -228,6 +247,10 @@ def _work(args, prog, folder):
         where = f"{e.filename}: " if e.filename else ""
         print(printable(f"{prog}: error: {where}{e.strerror or e}"), file=sys.stderr)
         return 2
+    except MemoryError:  # the parent's own reading, under a `ulimit -v` from the shell
+        print(f"{prog}: error: out of memory reading the model in this process (a shell's `ulimit -v`?); nothing "
+              "written", file=sys.stderr)
+        return 2
     except guard.TimedOut:
         print(f"{prog}: error: did not finish within --timeout {args.timeout:g} s and was stopped; nothing written"
               " (raise --timeout if the model is simply large)", file=sys.stderr)
@@ -235,9 +258,9 @@ def _work(args, prog, folder):
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; no partial file left", file=sys.stderr)
         return 130
-    except Terminated:
-        print(f"{prog}: terminated; no partial file left", file=sys.stderr)
-        return 143
+    except Terminated as e:
+        print(e.line(prog), file=sys.stderr)
+        return 128 + e.signum
     finally:
         progress.done()
 

@@ -32,7 +32,7 @@ def _hints(model_path):
     contexts.append(_count(section.get("context_length")))
     try:
         config = json.loads(sidecars.read(model_path, "config.json") or b"null")
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         config = None
     if isinstance(config, dict):
         for key in ("sliding_window", "attention_chunk_size", "attention_sink_size", "sink_size"):
@@ -133,6 +133,15 @@ def feeds_for(model, rows, rng, head_size=None, past=PAST, sequence=SEQUENCE):
     return feeds
 
 
+class NoFeeds(ValueError):
+    """The model's inputs cannot be fed: a type or shape no array of this machine has (one line says which)."""
+
+
 def shaped_feeds(model, rows, shape, sequence, seed=0):
-    """feeds_for at a plan()'s past and head size and `sequence` new tokens."""
-    return feeds_for(model, rows, np.random.default_rng(seed), shape.get("head_size"), shape["past"], sequence)
+    """feeds_for at a plan()'s past and head size and `sequence` new tokens; NoFeeds naming the input that cannot
+    be made (a map or optional input, a scalar position_ids, a negative or huge dimension)."""
+    try:
+        return feeds_for(model, rows, np.random.default_rng(seed), shape.get("head_size"), shape["past"], sequence)
+    except (KeyError, IndexError, TypeError, ValueError, MemoryError, OverflowError) as e:
+        raise NoFeeds(f"no feeds can be made for its inputs ({type(e).__name__}: {str(e)[:200] or 'no detail'})") \
+            from None

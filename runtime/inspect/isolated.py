@@ -29,12 +29,14 @@ class StepFailed(InspectError):
 class Limits:
     """What the children may take: `timeout` seconds of wall time from now for all of them together (the whole
     command's --timeout), `memory` bytes of address space each; `progress` is told each step as it starts
-    (runtime.progress.Progress on a terminal; by default nothing)."""
+    (runtime.progress.Progress on a terminal; by default nothing); `committing()` is called just before outputs
+    are placed (guard.committing: from there the deadline no longer interrupts)."""
 
-    def __init__(self, timeout=600.0, memory=None, progress=None):
+    def __init__(self, timeout=600.0, memory=None, progress=None, committing=None):
         self.timeout, self.memory = timeout, memory
         self.deadline = time.monotonic() + timeout
         self.progress = progress or (lambda stage: None)
+        self.committing = committing or (lambda: None)  # told just before the outputs are placed (guard.committing)
 
     def remaining(self):
         """Seconds left before the deadline (at least a millisecond, so a step that starts late fails at once)."""
@@ -66,7 +68,7 @@ def source(checked):
         data = f.read(checked["size"] + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
     if hashlib.blake2b(data, digest_size=16).hexdigest() != checked["digest"]:
         raise Changed(f"{checked['path']} changed after it was checked; nothing of it was run")
-    for path, identity in checked["files"].items():
+    for path, identity in checked["files"].items():  # each by the name onnxruntime opens: a link retargeted shows
         try:
             info = os.stat(path)
             now = [info.st_dev, info.st_ino, info.st_size]

@@ -70,8 +70,8 @@ def prove(job):
     watched = hidden_names + sorted(h for h in head_of if h not in {o.name for o in before.proto.graph.output})
     failures = []
     for sequence in job["shape"]["lengths"]:
-        feeds = shaped_feeds(before.proto, job["rows"], job["shape"], sequence)
         try:
+            feeds = shaped_feeds(before.proto, job["rows"], job["shape"], sequence)
             old = _outputs(before.proto, folder, watched, feeds)
         except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
             raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "

@@ -143,7 +143,8 @@ def _external(tensor, folder, nbytes, files):
         what = f"initializer {tensor.name!r}: external data {info['location']!r}"
         stats, fd = _regular_file(path, what)
         os.close(fd)
-        files[path] = [stats, 0]
+        files[path] = [stats, 0, set()]
+    files[path][2].add(os.path.join(folder, info["location"]))  # the name onnxruntime will open, links and all
     size = files[path][0].st_size
     if offset + length > size:
         raise InspectError(f"initializer {tensor.name!r}: external data {info['location']!r} has {size} "
@@ -158,7 +159,7 @@ _PROTOBUF_MOST = 2**31 - 1  # protobuf's limit on a serialized message
 def _not_sparse(files):
     """Refuse a data file that declares far more tensor bytes than it holds on disk (holes read as zeros:
     a few KiB could otherwise make onnxruntime materialise gigabytes)."""
-    for path, (info, declared) in files.items():
+    for path, (info, declared, _) in files.items():
         held = info.st_blocks * 512
         declared = min(declared, info.st_size)  # tensors may share a range: the file holds what it is long
         if declared > _SPARSE_FROM and held < declared // 2:
@@ -276,9 +277,10 @@ def load(path, folder=None, data=None):
                 raise InspectError(f"initializer {tensor.name!r} is defined twice")
             tensors[tensor.name] = checked
     _not_sparse(files)
+    identities = {name: [info.st_dev, info.st_ino, info.st_size] for info, _, names in files.values() for name in names}
     checked = {"path": os.fspath(path), "size": len(data), "digest": hashlib.blake2b(data, digest_size=16).hexdigest(),
-               "folder": folder, "files": {p: [info.st_dev, info.st_ino, info.st_size] for p, (info, _) in files.items()}}
-    return Model(path, proto, tensors, len(data) + sum(info.st_size for info, _ in files.values()), folder, checked)
+               "folder": folder, "files": dict(sorted(identities.items()))}
+    return Model(path, proto, tensors, len(data) + sum(info.st_size for info, *_ in files.values()), folder, checked)
 
 
 def _read_checked(f, info, path):

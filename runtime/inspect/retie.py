@@ -286,6 +286,7 @@ def retie(model, found, out_path, folder, limits, say):
     measured = memory.measure({"model": staged}, rows, found["shape"], folder, limits, model.file_bytes)
     limits.progress(f"writing {out_path}")
     written = graphs.save(model.proto, out_path, check=False, sources=sources)  # the model the child checked
+    limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     size = sum(os.path.getsize(p) for p in written)
     heads = sum(hidden is not None for _, hidden, *_ in rewritten)
     say(f"retie: {kept} now read in place by the lookups and heads that share them ({heads} head(s) rewritten); "

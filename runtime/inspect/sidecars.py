@@ -40,7 +40,7 @@ def genai_config(model_path):
     data = read(model_path, GENAI_CONFIG)
     try:
         config = json.loads(data) if data is not None else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
     return config if isinstance(config, dict) else None
 
@@ -73,7 +73,11 @@ def copy_beside(model_path, out_path):
             config = genai_config(model_path)
             if config is not None and _decoder_file(config) is not None:
                 config["model"]["decoder"]["filename"] = os.path.basename(out_path)
-                data = (json.dumps(config, indent=4) + "\n").encode()
+                try:
+                    data = (json.dumps(config, indent=4) + "\n").encode()
+                except RecursionError:  # nested deeper than the writer goes: not a config to rewrite
+                    lines.append(f"{name} not copied beside OUT: nested too deep to rewrite")
+                    continue
         lines.append(_claim(os.path.join(target, name), data))
     return lines
 

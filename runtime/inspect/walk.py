@@ -126,6 +126,8 @@ def _entry(model, found, node, role, scales=None, bits=None, vocab=None, width=N
         if dims is None or "Reshape" in found[2]:
             return None
         vocab, width = dims if (found[1] + (role == "head")) % 2 == 0 else dims[::-1]
+    if not vocab or not width:  # no rows or no columns: nothing is looked up or scored
+        return None
     scale_bytes = model.tensors[scales].nbytes if scales in model.tensors else 0
     return {"initializer": found[0], "node": node, "flips": found[1], "views": list(found[2]), "stored_dims": tensor.dims,
             "vocab": vocab,
@@ -247,8 +249,9 @@ def constant(name, producer, model, most=8):
         values = np.asarray(value.ints if value.name == "value_ints" else value.floats)
     elif value.name in ("value_int", "value_float"):
         values = np.asarray([value.i if value.name == "value_int" else value.f])
-    elif value.name == "value" and math.prod(value.t.dims) <= most:
-        values = numpy_helper.to_array(value.t).reshape(-1)
+    elif value.name == "value" and math.prod(value.t.dims) <= most and value.t.data_location != TensorProto.EXTERNAL:
+        values = numpy_helper.to_array(value.t).reshape(-1)  # external data: not read (onnx would resolve it
+                                                              # against the working directory, not the model's)
     else:
         return None
     return values if values.size <= most else None
