@@ -35,7 +35,8 @@ def report(results):
     floor = results["floor"]
     lines += ["", "c. the tied head through Runner.run (the default path, and with out= buffers) against numpy's best "
               "2-D matmul on the same table, numpy in a child process with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE "
-              "unset; the last two columns (ms) show where the time goes, each at a price in memory: the head reading a "
+              "unset and, where they are unset here too, raced in the same rounds (run/numpy and out=/numpy: the median "
+              "of the same-round ratios, their spread in the targets); the last two columns (ms) show where the time goes, each at a price in memory: the head reading a "
               "second, prepacked copy of the table (the untied graph on the same values), and the tied model with the "
               f"arena on; per-run floor: run {floor['run_s'] * 1e6:.0f} us, io_binding {floor['iobinding_s'] * 1e6:.0f} us",
               f"{'V x D':>14} {'N':>5} {'numpy ms':>9} {'kernel':>9} {'run ms':>8} {'run/numpy':>10} "
