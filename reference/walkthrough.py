@@ -117,18 +117,22 @@ class Terminated(BaseException):
 def _terminate(signum, frame):
     for sig in _ENDING:  # one is enough: cleaning up is not interrupted by another
         signal.signal(sig, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Terminated(signum)
 
 
-_ENDING = (signal.SIGTERM, signal.SIGHUP)
+_ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_DEFAULT = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL}
 
 
 def raise_on_sigterm():
-    """Make SIGTERM and SIGHUP (the terminal closed) raise Terminated in the main thread, unless someone else
-    already handles them."""
+    """Make SIGTERM and SIGHUP (the terminal closed) raise Terminated, and SIGINT KeyboardInterrupt as ever, in the
+    main thread, each ignoring any further one of them while the first unwinds (a second Ctrl-C cannot cut a
+    cleanup short); a signal someone else handles, or ignores (a background job's SIGINT), is left alone."""
     if threading.current_thread() is threading.main_thread():
         for sig in _ENDING:
-            if signal.getsignal(sig) is signal.SIG_DFL:
+            if signal.getsignal(sig) is _DEFAULT[sig]:
                 signal.signal(sig, _terminate)
 
 

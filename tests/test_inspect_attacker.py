@@ -219,3 +219,96 @@ def test_compare_takes_a_negative_seed_as_the_table_does():
     done = subprocess.run([sys.executable, "-m", "runtime.compare", "--seed", "-1", "--vocab-size", "64", "--width",
                            "8", "--format", "int4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
+# --- the second round -------------------------------------------------------------------------------
+
+def start(args, tmp_path, **kwargs):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    return scratch, subprocess.Popen([sys.executable, "-m", "runtime.inspect", *map(str, args)], cwd=ROOT,
+                                     env=dict(os.environ, TMPDIR=str(scratch)), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_an_inherited_ignored_sigchld_does_not_hang_the_command(tmp_path):
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    began = time.monotonic()
+    _, process = start([os.path.join(FIXTURES, "genai_fp32", "model.onnx"), "--retie", out, "--timeout", "120"],
+                       tmp_path, preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
+    err = process.communicate(timeout=300)[1]
+    assert process.returncode == 0 and "Traceback" not in err, err
+    assert time.monotonic() - began < 60 and out.exists()  # not the deadline plus grace
+
+
+def test_two_quick_interrupts_leave_one_line_and_nothing_behind(tmp_path):
+    model = os.path.join(FIXTURES, "genai_fp32", "model.onnx")
+    for gap in (0.0, 0.01, 0.03, 0.05, 0.2):
+        scratch, process = start([model], tmp_path, start_new_session=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.monotonic() + 60
+        while not os.listdir(scratch) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(1.0)
+        os.killpg(process.pid, signal.SIGINT)  # as `kill -INT -- -PGID` twice: the worker gets each twice
+        time.sleep(gap)
+        os.killpg(process.pid, signal.SIGINT)
+        err = process.communicate(timeout=120)[1]
+        assert process.returncode == 130 and err.count("\n") == 1 and "Traceback" not in err, (gap, err)
+        assert os.listdir(scratch) == [], gap
+
+
+@pytest.mark.parametrize("sig, group", [(signal.SIGQUIT, True), (signal.SIGUSR1, False), (signal.SIGALRM, False)])
+def test_other_fatal_signals_are_one_line_and_leave_nothing(tmp_path, sig, group):
+    scratch, process = start([os.path.join(FIXTURES, "genai_fp32", "model.onnx")], tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not os.listdir(scratch) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(1.0)
+    (os.killpg if group else os.kill)(process.pid, sig)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode > 128 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert os.listdir(scratch) == []
+
+
+def test_a_worker_killed_while_placing_leaves_nothing_half_placed(tmp_path, capsys):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "other.onnx.data").write_bytes(b"someone else's")
+    (tmp_path / "scratch").mkdir()
+
+    def placing_then_killed():  # what graphs.save and sidecars leave at the moment a SIGKILL lands
+        staging = folder / f".saving-{os.getpid()}-x"
+        staging.mkdir()
+        (staging / "o.onnx.data").write_bytes(b"data")
+        os.link(staging / "o.onnx.data", folder / "o.onnx.data")  # the data placed, the model not yet
+        (folder / f".sidecar-{os.getpid()}-y").write_bytes(b"{}")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    code = guard.supervise(placing_then_killed, 60, str(tmp_path / "scratch"), str(folder), "inspect",
+                           str(folder / "o.onnx"))
+    assert code == 2 and "nothing written" in capsys.readouterr().err
+    assert sorted(os.listdir(folder)) == ["other.onnx.data"]
+
+
+def test_a_name_that_is_not_utf8_inside_a_subgraph_is_refused(tmp_path):
+    branch = helper.make_graph([helper.make_node("Identity", ["embedding"], ["b"], name="NAMEMARK")], "then", [],
+                               [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
+    model = transposed_head()
+    model.graph.input.append(helper.make_tensor_value_info("flag", TensorProto.BOOL, []))
+    model.graph.node.append(helper.make_node("If", ["flag"], ["picked"], then_branch=branch, else_branch=branch))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString().replace(b"NAMEMARK", b"\xff\xfe\x1b[2J\x07\xfc"))  # same length
+    code, _, err = inspect_cli(path)
+    assert one_line_error(code, err, "not valid UTF-8") and "\x1b" not in err
+
+
+def test_a_device_where_a_sidecar_is_looked_for_is_not_opened(tmp_path):
+    folder = genai_copy(tmp_path)
+    try:
+        os.mknod(folder / "config.json", 0o600 | 0o020000, os.makedev(1, 3))  # a character device (/dev/null's)
+    except (PermissionError, OSError):
+        pytest.skip("cannot make a device node here")
+    code, out, err = inspect_cli(folder / "model.onnx")
+    assert code == 0 and "vocabulary:" in out, err

@@ -15,6 +15,8 @@ import signal
 import sys
 import time
 
+from runtime.inspect.reading import printable
+
 GRACE = 10.0  # seconds the worker has, past its deadline, to unwind (it stops itself at the deadline)
 _SI_KERNEL = 0x80  # si_code of a signal the kernel sent: the terminal's Ctrl-C or hang-up, which reach the worker too
 _PR_SET_PDEATHSIG = 1
@@ -51,34 +53,50 @@ def _flush():
                 pass
 
 
+_ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the worker unwinds on these and says so
+_FATAL = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)  # would end this process unannounced
+_WATCHED = {*_ENDING, *_FATAL, signal.SIGCHLD}
+
+
 def supervise(work, timeout, scratch, staging, prog, out=None):
     """Run work() (an exit status) in a forked worker and return its status.
 
     `timeout`: seconds for the whole command (the worker raises TimedOut at the deadline and is killed GRACE
     seconds later); `scratch`: a folder removed when the worker ends however it ends; `staging`: the folder where
-    the worker stages outputs as `.saving-<pid>-*` (graphs.storage.save), removed too if the worker dies; `out`:
-    the output it may place (absent when this starts), so a line about a killed worker says whether it is there. A
-    worker killed by a signal ends the command with one line on stderr (`prog: error: ...`) and status 2.
+    the worker stages outputs as `.saving-<pid>-*` (graphs.storage.save) and `.sidecar-<pid>-*`, removed too if
+    the worker dies, with whatever it had linked into place from them; `out`: the output it may place (absent when
+    this starts), so a line about a killed worker says whether it is there. A worker killed by a signal ends the
+    command with one line on stderr (`prog: error: ...`) and status 2, or 128 + the signal this process was sent.
     """
-    watched = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
+    reaping = signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # inherited ignored, the kernel would reap the worker
     try:
         _flush()
         pid = os.fork()
         if pid == 0:  # the worker
+            signal.signal(signal.SIGCHLD, reaping)
             _worker(work, timeout, mask, prog)
-        status = _wait(pid, time.monotonic() + timeout + GRACE)
+        status, sent = _wait(pid, time.monotonic() + timeout + GRACE)
+        if status is None or not os.WIFEXITED(status):
+            _remove_staged(staging, pid)
+        if _ended_by_signal(status):  # the command ends with it: another on its way (a second Ctrl-C) changes nothing
+            for sig in _ENDING:
+                signal.signal(sig, signal.SIG_IGN)
+        shutil.rmtree(scratch, ignore_errors=True)  # signals still held: a second Ctrl-C cannot cut this short
+        while signal.sigtimedwait(_WATCHED - {signal.SIGCHLD}, 0):  # what came meanwhile was for the worker
+            pass
     finally:
+        signal.signal(signal.SIGCHLD, reaping)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         shutil.rmtree(scratch, ignore_errors=True)
     if status is not None and os.WIFEXITED(status):
         return os.WEXITSTATUS(status)
-    _remove_staged(staging, pid)
     sig = None if status is None else os.WTERMSIG(status)
-    if sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        return 128 + sig
     what = "nothing written" if out is None or not os.path.lexists(out) else \
-        f"{out} was placed, its sidecar files perhaps not all"
+        f"{printable(out)} was placed, its sidecar files perhaps not all"
+    if sig in _ENDING or (sig is not None and sig == sent):
+        print(f"{prog}: stopped ({signal.Signals(sig).name}); {what}", file=sys.stderr)
+        return 128 + sig
     why = "did not finish within --timeout %g s and was stopped" % timeout if sig is None else {
         signal.SIGBUS: "a file of the model changed while it was being read (SIGBUS: truncated while mapped?)",
         signal.SIGKILL: "killed (SIGKILL: out of memory?)"}.get(sig, f"crashed ({signal.Signals(sig).name})")
@@ -110,28 +128,62 @@ def _worker(work, timeout, mask, prog):
             os._exit(code)
 
 
+def _ended_by_signal(status):
+    if status is None:
+        return False
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status) in {128 + sig for sig in _ENDING}
+    return os.WTERMSIG(status) in _ENDING
+
+
 def _wait(pid, deadline):
-    """The worker's wait status, forwarding SIGINT, SIGTERM and SIGHUP to it; None if it outlived `deadline`
-    (killed)."""
+    """(the worker's wait status, the last signal forwarded to it or None), forwarding what this process is sent
+    (SIGALRM and SIGUSR1/2 as SIGTERM: the worker has its own use of SIGALRM); status None if the worker outlived
+    `deadline` (killed then)."""
+    sent = None
     while True:
-        info = signal.sigtimedwait({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD},
-                                   max(0.0, deadline - time.monotonic()))
+        info = signal.sigtimedwait(_WATCHED, max(0.0, deadline - time.monotonic()))
         if info is None:
-            os.kill(pid, signal.SIGKILL)
+            _kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return None
+            return None, sent
         if info.si_signo == signal.SIGCHLD:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
-                return status
-        elif info.si_code != _SI_KERNEL:  # the terminal's Ctrl-C or hang-up reached the worker already
-            os.kill(pid, info.si_signo)
+                return status, sent
+        elif info.si_code != _SI_KERNEL:  # sent to this process: pass it on (the terminal's reach the worker too)
+            sent = info.si_signo
+            _kill(pid, signal.SIGTERM if info.si_signo in (signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2) else sent)
+        else:
+            sent = info.si_signo
+
+
+def _kill(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:  # it ended meanwhile: its status is waiting
+        pass
 
 
 def _remove_staged(folder, pid):
-    """Remove what a dead worker was staging in `folder` (graphs.storage.save names it by the worker's pid)."""
+    """Remove what a dead worker was staging in `folder` (named by its pid: graphs.storage.save's `.saving-*`,
+    sidecars' `.sidecar-*`), and each file it had already linked into place from there (the same inode): no OUT
+    or data file is left half-placed."""
     if folder is None or not os.path.isdir(folder):
         return
     for name in os.listdir(folder):
-        if name.startswith(f".saving-{pid}-"):
-            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+        path = os.path.join(folder, name)
+        if name.startswith(f".saving-{pid}-") and os.path.isdir(path):
+            for staged in os.listdir(path):
+                placed = os.path.join(folder, staged)
+                try:
+                    if os.path.samefile(placed, os.path.join(path, staged)):
+                        os.remove(placed)
+                except OSError:
+                    pass
+            shutil.rmtree(path, ignore_errors=True)
+        elif name.startswith(f".sidecar-{pid}-"):
+            try:
+                os.remove(path)
+            except OSError:
+                pass

@@ -92,8 +92,11 @@ class Model:
 
 def _regular_file(path, what):
     """os.fstat of `path` opened once (never blocking: a FIFO is refused, not waited on), with the descriptor;
-    or InspectError unless it is a regular file it can read."""
+    or InspectError unless it is a regular file it can read. A device is refused before it is opened (opening some
+    does something), and the descriptor is checked again."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise InspectError(f"{what}: not a regular file")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError) as e:
         raise InspectError(f"{what}: {getattr(e, 'strerror', None) or e}") from None
@@ -238,16 +241,21 @@ def _all_tensors(graph, functions=()):
                 stack.extend(a.graphs)
 
 
-def _names_are_text(graph):
-    """InspectError unless every name in the main graph is text: protobuf hands a string field that is not valid
-    UTF-8 over as bytes, and ONNX requires UTF-8."""
-    values = list(graph.input) + list(graph.output) + list(graph.value_info)
-    fields = [t.name for t in graph.initializer] + [v.name for v in values]
-    for node in graph.node:
-        fields += [node.name, node.op_type, node.domain, *node.input, *node.output]
-    bad = next((f for f in fields if isinstance(f, bytes)), None)
-    if bad is not None:
-        raise InspectError(f"a name is not valid UTF-8 ({bad[:60]!r}): not a valid ONNX model")
+def _names_are_text(graph, functions=()):
+    """InspectError unless every name in the graph, its subgraphs and the model's functions is text: protobuf
+    hands a string field that is not valid UTF-8 over as bytes, and ONNX requires UTF-8."""
+    stack = [graph, *functions]
+    while stack:
+        g = stack.pop()
+        values = list(getattr(g, "input", ())) + list(getattr(g, "output", ())) + list(getattr(g, "value_info", ()))
+        fields = [t.name for t in getattr(g, "initializer", ())] + [getattr(v, "name", v) for v in values]
+        for node in g.node:
+            fields += [node.name, node.op_type, node.domain, *node.input, *node.output]
+            for a in node.attribute:
+                stack += ([a.g] if a.HasField("g") else []) + list(a.graphs)
+        bad = next((f for f in fields if isinstance(f, bytes)), None)
+        if bad is not None:
+            raise InspectError(f"a name is not valid UTF-8 ({bad[:60]!r}): not a valid ONNX model")
 
 
 def load(path, folder=None, data=None):
@@ -267,7 +275,7 @@ def load(path, folder=None, data=None):
         raise InspectError(f"{path}: not an ONNX model (it does not parse; truncated?)") from None
     if proto.ir_version <= 0 or not proto.opset_import or not proto.HasField("graph"):
         raise InspectError(f"{path}: not an ONNX model (no IR version, opset or graph)")
-    _names_are_text(proto.graph)
+    _names_are_text(proto.graph, proto.functions)
     folder = os.path.realpath(folder or os.path.dirname(os.path.realpath(path)))  # where the OS finds its data
     files, tensors = {}, {}
     for tensor, top in _all_tensors(proto.graph, proto.functions):

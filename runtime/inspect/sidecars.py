@@ -24,7 +24,9 @@ def read(model_path, name):
     if os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder):
         return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO does not block the open
+        if not stat.S_ISREG(os.lstat(path).st_mode):  # a device is not opened at all (opening some does something)
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO swapped in does not block the open
     except OSError:
         return None
     info = os.fstat(fd)
@@ -95,7 +97,7 @@ def _claim(path, data):
     that cannot be written (a full disk) is said in the line and skipped: OUT, already in place, stays whole."""
     name = os.path.basename(path)
     try:
-        fd, staged = tempfile.mkstemp(prefix=".sidecar-", dir=os.path.dirname(path))
+        fd, staged = tempfile.mkstemp(prefix=f".sidecar-{os.getpid()}-", dir=os.path.dirname(path))  # see guard
     except OSError as e:
         return f"{name} not copied beside OUT: {e.strerror}"
     try:
