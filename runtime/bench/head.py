@@ -18,6 +18,9 @@ from runtime.bench.timing import bound_run, progress, race, race_rounds, same_ro
 from runtime.runner import Runner
 
 
+SETTLE = 0.2  # seconds between contenders when numpy races here: its OpenBLAS threads spin ~0.1 s after a call
+
+
 def bench_head(sizes, counts, budget, folder):
     """Per size and N: numpy's best 2-D matmul, Runner.run(feeds) and Runner.run(feeds, out=...), and resident
     memory after runs against the table plus the logits returned."""
@@ -46,7 +49,7 @@ def bench_head(sizes, counts, budget, folder):
             if table is not None:  # numpy here too, raced in the same rounds: a slow spell hits both sides
                 h, logits = feeds["hidden"][0], np.empty((n, vocab), np.float32)
                 contenders["numpy"] = lambda: np.matmul(h, table.T, out=logits)
-            seen = race_rounds(contenders, budget, rounds)
+            seen = race_rounds(contenders, budget, rounds, settle=SETTLE if table is not None else 0.0)
             measured[n] = {name: min(times) for name, times in seen.items()}
             if table is not None:
                 measured[n]["same_round"] = {k: same_round_ratio(seen, k, "numpy") for k in ("run", "run_out")}

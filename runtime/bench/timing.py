@@ -32,9 +32,11 @@ def race(fns, budget, rounds=5):
     return {name: min(times) for name, times in race_rounds(fns, budget, rounds).items()}
 
 
-def race_rounds(fns, budget, rounds=5):
+def race_rounds(fns, budget, rounds=5, settle=0.0):
     """race()'s measurements, round by round: {name: [seconds per call in each round]}, so a ratio can be taken
-    within each round (both sides under the same load) and its spread shown."""
+    within each round (both sides under the same load) and its spread shown. `settle`: seconds of rest before
+    each contender's turn, so the threads the one before left spinning (OpenBLAS's spin for about 0.1 s after a
+    call, onnxruntime's briefly) have gone quiet and do not take its cores."""
     loops = {}
     for name, fn in fns.items():
         fn()  # warm: first-run allocations and page faults are not the steady state
@@ -44,6 +46,7 @@ def race_rounds(fns, budget, rounds=5):
     seen = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            time.sleep(settle)
             start = time.perf_counter()
             for _ in range(loops[name]):
                 fn()
