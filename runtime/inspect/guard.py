@@ -38,8 +38,9 @@ def _timed_out(signum, frame):
 
 
 def committing():
-    """In the worker: the outputs are about to be placed (links and small copies, quick), so the deadline no longer
-    interrupts; the supervisor's own, GRACE seconds later, still stands. Elsewhere, nothing."""
+    """In the worker: OUT is in place and what is left is quick (lines, sidecar copies of at most 16 MiB each), so
+    the deadline no longer interrupts it; the supervisor's own, GRACE seconds later, still stands. Elsewhere (a
+    caller running the work in its own process), nothing."""
     if signal.getsignal(signal.SIGALRM) is _timed_out:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
