@@ -41,8 +41,10 @@ def main(argv=None):
                              "hidden vector to int8 per block, 0 multiplies in float32")
     parser.add_argument("--force", action="store_true", help="replace files that already exist")
     args = parser.parse_args(argv)
-    if os.path.exists(args.dir) and not os.path.isdir(args.dir):
-        parser.error(f"{args.dir} exists and is not a folder")
+    try:
+        check_folder(args.dir, "DIR")  # a folder (or one to make) that can be written, UTF-8
+    except ValueError as e:
+        parser.error(str(e))
     if args.vocab_size < 2 or args.width < 1:
         parser.error(f"--vocab-size must be >= 2 and --width >= 1, got {args.vocab_size} and {args.width}")
     check_fits(COPIES * 4 * args.vocab_size * args.width, f"{parser.prog}: --vocab-size {args.vocab_size} x "
@@ -51,10 +53,6 @@ def main(argv=None):
     taken = [p for p in paths + [data_path(p) for p in paths] if os.path.lexists(p)]
     if taken and not args.force:
         parser.error(f"{taken[0]} exists (and {len(taken) - 1} more); use --force to replace")
-    try:
-        check_folder(args.dir, "DIR")
-    except ValueError as e:
-        parser.error(str(e))
     try:
         models = build_all(args.vocab_size, args.width, args.seed, args.format, args.block_size, args.accuracy_level)
     except (TypeError, ValueError) as e:  # a block size the format cannot take

@@ -62,14 +62,15 @@ def check_output(path, what):
     folder = os.path.dirname(os.path.abspath(path))
     if not path or path.endswith(os.sep) or os.path.isdir(path):
         raise ValueError(f"{what} {path!r}: a folder or nothing; name the file to write")
-    _utf8(path, what)
+    check_utf8(path, what)
     if not os.path.isdir(folder):
         raise ValueError(f"{what} {path}: no such folder {folder}")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path}: the folder {folder} is not writable")
 
 
-def _utf8(path, what):
+def check_utf8(path, what):
+    """ValueError (one line) unless `path` is UTF-8: onnx names data files by it, onnxruntime takes folders as it."""
     try:
         path.encode("utf-8")
     except UnicodeEncodeError:
@@ -80,7 +81,7 @@ def check_folder(folder, what):
     """ValueError (one line) unless `folder` is, or can be made as, a folder this process may write into."""
     if not folder or (os.path.exists(folder) and not os.path.isdir(folder)):
         raise ValueError(f"{what} {folder!r} is not a folder")
-    _utf8(folder, what)
+    check_utf8(folder, what)
     existing = folder
     while not os.path.isdir(existing):  # the folder a missing one would be made in
         existing = os.path.dirname(os.path.abspath(existing))

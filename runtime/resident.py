@@ -49,13 +49,13 @@ def session_growth(path, feeds, prepacking=True, disabled_optimizers=(), data_fo
     dropped, the session still held; `disabled_optimizers`: graph transformers skipped). Meant for a fresh
     process: memory an earlier session freed to the allocator would hide part of this one's."""
     import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
+
+    from runtime.runner import read_data_from
     _warm()
     gc.collect()
     before = resident()
-    settings = options(prepacking)
-    if data_folder is not None:
-        settings.add_session_config_entry("session.model_external_initializers_file_folder_path", data_folder)
-    session = ort.InferenceSession(path, settings, providers=["CPUExecutionProvider"],
+    session = ort.InferenceSession(path, read_data_from(options(prepacking), data_folder),
+                                   providers=["CPUExecutionProvider"],
                                    disabled_optimizers=set(disabled_optimizers))
     session.run(None, feeds)
     after = resident()

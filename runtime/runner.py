@@ -29,6 +29,14 @@ def session_options(optimized_model_path=None, prepacking=True, arena=False):
     return options
 
 
+def read_data_from(options, folder):
+    """Tell `options` where the external data of a model given as a ModelProto or as bytes lies (a path's own
+    folder is used for a path); nothing when `folder` is None. Returns `options`."""
+    if folder is not None:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", os.fspath(folder))
+    return options
+
+
 def write_optimized_model(model, path, prepacked=False, data_folder=None):
     """Write the model onnxruntime runs after its own graph optimisations to `path` (a ModelProto or a path in).
 
@@ -39,9 +47,7 @@ def write_optimized_model(model, path, prepacked=False, data_folder=None):
     serialized model too, its external data in `data_folder`.
     """
     path = os.fspath(path)
-    options = session_options(path, prepacking=prepacked)
-    if data_folder is not None:
-        options.add_session_config_entry("session.model_external_initializers_file_folder_path", data_folder)
+    options = read_data_from(session_options(path, prepacking=prepacked), data_folder)
     options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                      os.path.basename(path) + ".data")
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
@@ -97,9 +103,7 @@ class Runner:
         options = session_options(optimized_model_path, arena=arena)
         if not spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if data_folder is not None:
-            options.add_session_config_entry("session.model_external_initializers_file_folder_path",
-                                             os.fspath(data_folder))
+        read_data_from(options, data_folder)
         proto = model if isinstance(model, onnx.ModelProto) else onnx.load(os.fspath(model), load_external_data=False)
         self.vocab_size = vocab_size_of(proto)
         self.session = open_session(model, options, disabled_optimizers)

@@ -78,7 +78,8 @@ def test_sigterm_mid_compare_leaves_nothing(tmp_path, args):
 def test_export_refuses_a_size_it_cannot_hold_naming_the_bytes(tmp_path):
     code, _, err = command(sys.executable, "-m", "graphs.export", str(tmp_path / "out"), "--vocab-size", "100000",
                            "--width", "100000")
-    assert refused(code, err, "would need about 400000000000 bytes", "this machine has")
+    need = 10 * 4 * 100000 * 100000  # the README's "about 10 float32 tables at once"
+    assert refused(code, err, f"would need about {need} bytes", "this machine has")
     assert not (tmp_path / "out").exists()
 
 

@@ -126,19 +126,9 @@ def _past(text):
     return int(text)
 
 
-def _utf8(path, what):
-    """InspectError unless `path` is text onnx can hold: a model names its data file by it, onnxruntime is told
-    its folder."""
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InspectError(f"{what} {path!r} is not UTF-8: onnx and onnxruntime take only UTF-8 paths") from None
-
-
 def _check_out(out, model):
     if not out:
         raise InspectError("--retie needs a file name for OUT, got ''")
-    _utf8(out, "OUT")
     if out.endswith(os.sep) or os.path.isdir(out):
         raise InspectError(f"--retie {out}: a folder; OUT names the model file to write (e.g. {os.path.join(out, 'model.onnx')})")
     if os.path.realpath(out) == os.path.realpath(model):
@@ -146,11 +136,11 @@ def _check_out(out, model):
     for target in (out, graphs.storage.data_path(out)):
         if os.path.lexists(target):
             raise InspectError(f"{target} exists; refusing to overwrite it")
+    try:
+        graphs.storage.check_output(out, "--retie OUT")  # UTF-8, its folder there and writable
+    except ValueError as e:
+        raise InspectError(str(e)) from None
     folder = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(folder):
-        raise InspectError(f"{os.path.dirname(out)}: no such folder for OUT")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InspectError(f"{folder}: not writable; OUT cannot be written there")
     space = os.statvfs(folder)
     if space.f_bavail * space.f_frsize == 0:
         raise InspectError(f"{folder}: no space left for OUT")
@@ -196,13 +186,13 @@ def main(argv=None, supervised=True):
         args = parser.parse_args(argv)
         if sys.stdout is None:
             raise InspectError("standard output is closed: the report has nowhere to go")
-        _utf8(args.model, "MODEL's path")
+        graphs.storage.check_utf8(args.model, "MODEL's path")
         if args.retie is not None:
             _check_out(args.retie, args.model)
     except UsageError as e:
         print(e, file=sys.stderr)
         return 2
-    except InspectError as e:
+    except (InspectError, ValueError) as e:
         print(printable(f"{parser.prog}: error: {e}"), file=sys.stderr)
         return 2
     if not supervised:
@@ -250,10 +240,6 @@ def _work(args, prog, folder):
     except MemoryError:  # the parent's own reading, under a `ulimit -v` from the shell
         print(f"{prog}: error: out of memory reading the model in this process (a shell's `ulimit -v`?); nothing "
               "written", file=sys.stderr)
-        return 2
-    except guard.TimedOut:
-        print(f"{prog}: error: did not finish within --timeout {args.timeout:g} s and was stopped; nothing written"
-              " (raise --timeout if the model is simply large)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; no partial file left", file=sys.stderr)

@@ -45,6 +45,10 @@ def committing():
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+def _too_long(timeout):
+    return f"did not finish within --timeout {timeout:g} s and was stopped"
+
+
 def _flush():
     for stream in (sys.stdout, sys.stderr):  # None when the descriptor was closed (`>&-`)
         if stream is not None:
@@ -98,7 +102,7 @@ def supervise(work, timeout, scratch, staging, prog, out=None):
     if sig in _ENDING or (sig is not None and sig == sent):
         print(f"{prog}: stopped ({signal.Signals(sig).name}); {what}", file=sys.stderr)
         return 128 + sig
-    why = "did not finish within --timeout %g s and was stopped" % timeout if sig is None else {
+    why = _too_long(timeout) if sig is None else {
         signal.SIGBUS: "a file of the model changed while it was being read (SIGBUS: truncated while mapped?)",
         signal.SIGKILL: "killed (SIGKILL: out of memory?)"}.get(sig, f"crashed ({signal.Signals(sig).name})")
     print(f"{prog}: error: {why}; {what}", file=sys.stderr)
@@ -115,8 +119,8 @@ def _worker(work, timeout, mask, prog):
         signal.signal(signal.SIGALRM, _timed_out)
         signal.setitimer(signal.ITIMER_REAL, timeout)
         code = work()
-    except TimedOut:  # before or after work() could say it
-        print(f"{prog}: error: did not finish within --timeout {timeout:g} s and was stopped; nothing written",
+    except TimedOut:  # wherever it was, the work unwound on the way here
+        print(f"{prog}: error: {_too_long(timeout)}; nothing written (raise --timeout if the model is simply large)",
               file=sys.stderr)
         code = 2
     except BaseException:  # a bug, not the model: its traceback, as Python would print it

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+from embed import physical_memory
 from runtime.inspect import guard
 from runtime.inspect.reading import InspectError
 
@@ -29,8 +30,8 @@ class StepFailed(InspectError):
 class Limits:
     """What the children may take: `timeout` seconds of wall time from now for all of them together (the whole
     command's --timeout), `memory` bytes of address space each; `progress` is told each step as it starts
-    (runtime.progress.Progress on a terminal; by default nothing); `committing()` is called just before outputs
-    are placed (guard.committing: from there the deadline no longer interrupts)."""
+    (runtime.progress.Progress on a terminal; by default nothing); `committing()` is called once OUT is in place
+    (guard.committing: from there the deadline no longer interrupts)."""
 
     def __init__(self, timeout=600.0, memory=None, progress=None, committing=None):
         self.timeout, self.memory = timeout, memory
@@ -47,8 +48,8 @@ class Limits:
         at most three quarters of the machine's memory."""
         if self.memory is not None:
             return self.memory
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return min(4 * GiB + 6 * model_bytes, physical * 3 // 4)
+        physical = physical_memory()
+        return 4 * GiB + 6 * model_bytes if physical is None else min(4 * GiB + 6 * model_bytes, physical * 3 // 4)
 
 
 class Changed(InspectError):

@@ -218,12 +218,22 @@ def check_tensor(tensor, folder, files):
     return Tensor(tensor, nbytes)
 
 
+def _bodies(graph, functions=()):
+    """`graph`, every subgraph in it (If / Loop / Scan bodies, at any depth) and the model's `functions`' bodies,
+    each once."""
+    stack = [graph, *functions]
+    while stack:
+        g = stack.pop()
+        yield g
+        for node in g.node:
+            for a in node.attribute:
+                stack += ([a.g] if a.HasField("g") else []) + list(a.graphs)
+
+
 def _all_tensors(graph, functions=()):
     """Every TensorProto in `graph` and its subgraphs, and in the bodies of the model's `functions`: initializers,
     sparse parts, attribute tensors (onnxruntime inlines a function's nodes, Constants and all)."""
-    stack = [graph] + list(functions)
-    while stack:
-        g = stack.pop()
+    for g in _bodies(graph, functions):
         yield from ((t, g is graph) for t in getattr(g, "initializer", ()))
         for sparse in getattr(g, "sparse_initializer", ()):
             yield from ((sparse.values, False), (sparse.indices, False))
@@ -236,23 +246,16 @@ def _all_tensors(graph, functions=()):
                     yield from ((a.sparse_tensor.values, False), (a.sparse_tensor.indices, False))
                 for s in a.sparse_tensors:
                     yield from ((s.values, False), (s.indices, False))
-                if a.HasField("g"):
-                    stack.append(a.g)
-                stack.extend(a.graphs)
 
 
 def _names_are_text(graph, functions=()):
     """InspectError unless every name in the graph, its subgraphs and the model's functions is text: protobuf
     hands a string field that is not valid UTF-8 over as bytes, and ONNX requires UTF-8."""
-    stack = [graph, *functions]
-    while stack:
-        g = stack.pop()
+    for g in _bodies(graph, functions):
         values = list(getattr(g, "input", ())) + list(getattr(g, "output", ())) + list(getattr(g, "value_info", ()))
         fields = [t.name for t in getattr(g, "initializer", ())] + [getattr(v, "name", v) for v in values]
         for node in g.node:
             fields += [node.name, node.op_type, node.domain, *node.input, *node.output]
-            for a in node.attribute:
-                stack += ([a.g] if a.HasField("g") else []) + list(a.graphs)
         bad = next((f for f in fields if isinstance(f, bytes)), None)
         if bad is not None:
             raise InspectError(f"a name is not valid UTF-8 ({bad[:60]!r}): not a valid ONNX model")

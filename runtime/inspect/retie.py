@@ -251,8 +251,8 @@ def retie(model, found, out_path, folder, limits, say):
     limits.progress("writing the retied model to the scratch folder, to prove it")
     graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
     rows = found["rows"]
-    job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged, "rewritten": rewritten,
-           "rows": rows, "folder": folder, "shape": found["shape"]}
+    job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged,
+           "rewritten": rewritten, "rows": rows, "folder": folder, "shape": found["shape"]}
     try:
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing

@@ -30,7 +30,7 @@ def read(model_path, name):
     except OSError:
         return None
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:  # a folder, FIFO or device: not opened as a file
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:  # swapped in since the lstat, or too large
         os.close(fd)
         return None
     with os.fdopen(fd, "rb") as f:
