@@ -172,7 +172,8 @@ def _logits(table, head_table, tied, fmt="float32", block_size=None, accuracy_le
         decode, decoded, decoded_info = _decoded(fmt, block_size, vocab, width, head_name)
         value_info += decoded_info
         if tied and fmt == "float32":  # weight tying: the head reads the lookup's own table, through a view nothing copies
-            decode, tie_consts, tie_info = unfolded_view("embedding", "hidden", [vocab, width], "tied_embedding", "tie_")
+            decode, tie_consts, tie_info = unfolded_view("embedding", "hidden", [vocab, width], "tied_embedding", "tie_",
+                                                           FLOAT)
             decoded = "tied_embedding"
             value_info += tie_info + [_value("tied_embedding", FLOAT, [vocab, width])]
             consts += [_const(v, k, np.int64, "the tie's view: a shape constant") for k, v in tie_consts.items()]
@@ -251,7 +252,8 @@ def neighbors(table, metric="cosine", fmt="float32", block_size=None):
     lookup, _, lookup_info = precision.lookup_nodes(fmt, block_size, width, "queries")
     decode, decoded, decoded_info = _decoded(fmt, block_size, vocab, width)
     # the table has other readers (the queries' lookup, the norms): Gemm reads it through a view nothing copies
-    view, view_consts, view_info = unfolded_view(decoded, "ids", [vocab, width], "rows_to_score", "score_")
+    view, view_consts, view_info = unfolded_view(decoded, "ids", [vocab, width], "rows_to_score", "score_",
+                                                 TensorProto.INT64)
     nodes = lookup + decode + view + [
         _node("Gemm", ["queries", "rows_to_score"], ["dots"], "dots", "queries @ embedding^T: [n, vocab]", transB=1),
     ]

@@ -246,7 +246,7 @@ def _block_lookup(fmt, block_size, width, output, ids, table, vocab, ids_rank, d
     a run-time view of the [vocab, blocks] ones MatMulNBits reads (a folded Unsqueeze would be a second copy), and
     its rows come out [..., blocks, block], which one Reshape of the fetched rows makes [..., width]."""
     scale_view, constants, value_info = unfolded_view(table + "_scale", ids, [vocab, width // block_size, 1],
-                                                      "lookup_scales", "lookup_scales_")
+                                                      "lookup_scales", "lookup_scales_", TensorProto.INT64)
     shape = "lookup_rows_shape"
     constants[shape] = np.asarray([0] * ids_rank + [width], np.int64)
     nodes = scale_view + [
