@@ -3,13 +3,22 @@ tables in a model nobody vouched for.
 
 reading: parse and check every tensor, lazily; walk: graph order and the tables and heads in it; quantized:
 codes of any layout read back as values; relations: pairs and runtime copies; shares: parameters, row scale,
-token or position; feeds: the decoder inputs the model is run on; isolated: onnxruntime in a child under limits;
-memory: what a session holds; proof and retie: --retie; sidecars: the files beside a model; report: the text and
---json; cli: the command.
-"""
-from runtime.inspect.cli import inspect_model, main
-from runtime.inspect.reading import InspectError, load
-from runtime.inspect.relations import relate
-from runtime.inspect.walk import find_tables_and_heads
+token or position; feeds: the decoder inputs the model is run on; isolated: onnxruntime in a child under limits,
+child: that child's entry point; memory: what a session holds; proof and retie: --retie; sidecars: the files
+beside a model; report: the text and --json; cli: the command.
 
-__all__ = ["InspectError", "find_tables_and_heads", "inspect_model", "load", "main", "relate"]
+Importing the package imports none of them: each name below is loaded on first use, so the isolated child, or a
+caller that only reads files, never pays for the command line.
+"""
+import importlib
+
+_HOMES = {"InspectError": "reading", "load": "reading", "find_tables_and_heads": "walk", "inspect_model": "cli",
+          "main": "cli", "relate": "relations"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"runtime.inspect.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'runtime.inspect' has no attribute {name!r}")

@@ -19,7 +19,7 @@ from runtime.inspect import guard
 from runtime.inspect.reading import InspectError
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_OUT_OF_MEMORY = 3  # the child's exit status when an allocation failed
+OUT_OF_MEMORY = 3  # the child's exit status when an allocation failed (runtime.inspect.child)
 GiB = 2**30
 
 
@@ -82,7 +82,7 @@ def source(checked):
 
 
 def call(job, what, limits, model_bytes):
-    """Run `job` (a dict; see `_JOBS`) in a child under `limits`; its result dict, or InspectError saying
+    """Run `job` (a dict; see runtime.inspect.child) in a child under `limits`; its result dict, or InspectError saying
     what happened to onnxruntime while `what` (e.g. "building the optimized model")."""
     memory = limits.memory_for(model_bytes)
     limits.progress(f"onnxruntime, in a child: {what}")
@@ -105,7 +105,7 @@ def call(job, what, limits, model_bytes):
         guard.die_with_parent()
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT] + sys.path[1:]), TMPDIR=job["folder"])
-    child = subprocess.Popen([sys.executable, "-m", "runtime.inspect.isolated", path], cwd=_ROOT, env=env,
+    child = subprocess.Popen([sys.executable, "-m", "runtime.inspect.child", path], cwd=_ROOT, env=env,
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              preexec_fn=confine)
     try:
@@ -126,7 +126,7 @@ def call(job, what, limits, model_bytes):
             source(job["checked"])  # Changed, if a data file shrank under onnxruntime's mapping
         raise InspectError(f"onnxruntime crashed ({name}) while {what}: the model is malformed or hostile"
                            f"{_memory_hint(err, memory)}")
-    if child.returncode == _OUT_OF_MEMORY or "bad_alloc" in err:
+    if child.returncode == OUT_OF_MEMORY or "bad_alloc" in err:
         raise InspectError(f"onnxruntime ran out of memory while {what} (limit {memory / GiB:.1f} GiB of "
                            "address space; raise --memory-limit if the model is simply large)")
     if child.returncode != 0 or not os.path.exists(result):
@@ -150,68 +150,3 @@ def _within(kind, most):
 
 def _memory_hint(err, memory):
     return f" (or it hit the {memory / GiB:.1f} GiB memory limit)" if "alloc" in err.lower() else ""
-
-
-def _first_line(e):
-    text = str(e).strip()
-    return (text.splitlines()[0] if text else type(e).__name__)[:300]
-
-
-def _model(job):
-    """(the model's bytes or path, the folder of its data or None): the bytes that were checked when the job
-    carries `checked` (the user's model), else the path (a file this tool wrote in its scratch folder)."""
-    return source(job["checked"]) if "checked" in job else (job["model"], None)
-
-
-def _optimize(job):
-    from runtime.runner import write_optimized_model
-    model, folder = _model(job)
-    write_optimized_model(model, job["out"], prepacked=True, data_folder=folder)  # the defaults' prepacks recorded
-    import onnxruntime
-    return {"onnxruntime": onnxruntime.__version__}  # whose folding and prepacking the report describes
-
-
-def _measure(job):
-    """What a session adds after one run of the proof's decoder feeds, in this fresh process."""
-    import onnx
-
-    from runtime.inspect.feeds import shaped_feeds
-    from runtime.resident import session_growth
-    model, folder = _model(job)
-    proto = onnx.load_model_from_string(model) if folder else onnx.load(model, load_external_data=False)
-    feeds = shaped_feeds(proto, job["rows"], job["shape"], job["shape"]["lengths"][0])
-    del proto
-    return session_growth(model, feeds, job["prepacking"], data_folder=folder)
-
-
-def _prove(job):
-    from runtime.inspect.proof import OriginalFails, prove
-    try:
-        return {"failures": prove(job)}
-    except OriginalFails as e:
-        return {"failures": [], "original": str(e)}
-
-
-_JOBS = {"optimize": _optimize, "measure": _measure, "prove": _prove}
-
-
-def main(path):
-    with open(path) as f:
-        job = json.load(f)
-    try:
-        answer = _JOBS[job["kind"]](job)
-    except MemoryError:
-        return _OUT_OF_MEMORY
-    except Changed as e:
-        answer = {"changed": str(e)}
-    except Exception as e:  # noqa: BLE001 - onnx or onnxruntime refusing the model: the parent reports it
-        if "bad_alloc" in str(e) or "Failed to allocate" in str(e):
-            return _OUT_OF_MEMORY
-        answer = {"error": _first_line(e)}
-    with open(os.path.join(job["folder"], "result.json"), "w") as f:
-        json.dump(answer, f)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))

@@ -163,6 +163,23 @@ def gap(model, values, q, vocab):
     return worst
 
 
+def gap_between(model, a, b, vocab):
+    """The largest |a's value - b's value| in units of their mean scale ((scale_a + scale_b) / 2, element by
+    element), for two quantized entries of one [vocab, width]: two roundings of the same floats lie within it
+    (each within half its own scale); None when either cannot be read, or when every scale is the same (one
+    scale rounds the same floats to the same codes: codes that differ then belong to another table)."""
+    if a.width != b.width:
+        return None
+    worst, same_scales = 0.0, True
+    for t0, t1 in _chunks(vocab, a.width):
+        x, y = decoded(model, a, t0, t1), decoded(model, b, t0, t1)
+        if x is None or y is None or x[0].shape != y[0].shape:
+            return None
+        worst = max(worst, float(np.max(np.abs(x[0] - y[0]) / ((x[1] + y[1]) / 2))))
+        same_scales = same_scales and np.array_equal(x[1], y[1])
+    return None if same_scales else worst
+
+
 def attribute(node, name, default=None):
     """A node's int attribute by name, or `default` when it has none. One of another type (a string, a float, an
     untyped or reference attribute) is an InspectError: every attribute read here is an INT in a valid model."""
@@ -195,9 +212,10 @@ def integer_quant(node, codes, flipped, width, producer, consumers, model):
                  width=width)
 
 
-def _scale_after(node, producer, consumers, model):
-    """MatMulInteger's weight scale: quantize_dynamic multiplies its (cast) output by a_scale x b_scale, b_scale an
-    initializer; None where the graph does not say."""
+def _scale_after(node, producer, consumers, model, operand=1):
+    """The scale of MatMulInteger's weight (`operand` 1) or of its A (`operand` 0, when A is looked-up codes):
+    quantize_dynamic multiplies its (cast) output by a_scale x b_scale, in that order, b_scale an initializer;
+    None where the graph does not say."""
     out = node.output[0] if node.output else None
     for _ in range(2):  # the Mul, or a Cast then the Mul
         nexts = consumers.get(out, [])
@@ -207,17 +225,41 @@ def _scale_after(node, producer, consumers, model):
         if step.op_type == "Mul":
             for other in (n for n in step.input if n != out):
                 if other in model.tensors:
-                    return other
+                    return other if operand == 1 else None
                 maker = producer.get(other)
-                found = [n for n in maker.input if n in model.tensors] if maker is not None and \
-                    maker.op_type == "Mul" else []
-                if len(found) == 1:
-                    return found[0]
+                if maker is None or maker.op_type != "Mul" or len(maker.input) != 2:
+                    return None
+                found = [n for n in maker.input if n in model.tensors]
+                if len(found) == 2:  # both constant: the product's first is A's scale, its second B's
+                    return maker.input[operand]
+                return found[0] if len(found) == 1 and operand == 1 else None
             return None
         if step.op_type != "Cast" or not step.output:
             return None
         out = step.output[0]
     return None
+
+
+def gathered_quant(model, codes, node, flipped, width, producer, consumers):
+    """The Quant of integer codes a Gather looks rows up from and that are decoded after the lookup (onnxruntime's
+    quantize_dynamic with Gather quantized): a DequantizeLinear of the rows with one scale for the tensor, or
+    MatMulInteger reading them as its A (its a_zero_point, and A's scale in the product its output is multiplied
+    by); None otherwise."""
+    out = node.output[0] if node.output else None
+    readers = consumers.get(out, [])
+    if len(readers) != 1 or model.tensors[codes].data_type not in (TensorProto.INT8, TensorProto.UINT8):
+        return None
+    reader = readers[0]
+    if reader.op_type == "DequantizeLinear" and reader.input[0] == out:
+        scale, zero_point = _input(reader, 1), _input(reader, 2)
+    elif reader.op_type == "MatMulInteger" and reader.input[0] == out:
+        scale, zero_point = _scale_after(reader, producer, consumers, model, operand=0), _input(reader, 2)
+    else:
+        return None
+    if scale not in model.tensors or model.tensors[scale].elements != 1 or (
+            zero_point is not None and (zero_point not in model.tensors or model.tensors[zero_point].elements != 1)):
+        return None  # a scale per row or column of the rows looked up: not one this reads
+    return Quant(codes, scale, zero_point, 8, False, tokens_axis=1 if flipped else 0, width=width)
 
 
 def dq_quant(model, codes, consumers, as_table, width):

@@ -33,8 +33,8 @@ def relate(model, tables, heads):
     the same vocab x width: `shared` (one stored tensor, whatever view each op takes), `duplicate` or
     `transposed_duplicate` (another initializer with the same values; quantized ones: the same codes and scales in
     whatever layout), `quantized_copy` (a float table and a quantized one holding its values up to rounding:
-    max_error_in_scales is their largest difference in units of the quantized one's scale; never a tie), or
-    `distinct`."""
+    max_error_in_scales is their largest difference in units of the quantized one's scale; or two quantizations
+    of one table, in units of their mean scale, the head's bytes wasted; never a tie), or `distinct`."""
     pairs, digest = [], _Digests(model)
     by_shape = {}
     for head in heads:
@@ -58,7 +58,8 @@ def relate(model, tables, heads):
             pairs.append({"table": table["initializer"], "head": head["initializer"], "relation": relation,
                           "wasted_bytes": wasted, "node": head["node"].name or head["node"].output[0],
                           "via_transpose": head["flips"] > 0 or table["flips"] > 0, "table_entry": table,
-                          "head_entry": head, "max_error_in_scales": gap})
+                          "head_entry": head, "max_error_in_scales": gap,
+                          "both_quantized": bool(table.get("quant") and head.get("quant"))})
     return pairs
 
 
@@ -110,11 +111,13 @@ def _quantized_relation(model, table, head, transposed):
     """(relation, wasted bytes, difference in scales) of a pair where one side or both are quantized."""
     a, b = table.get("quant"), head.get("quant")
     if a and b:
-        same = quantized.same_quantized(model, a, b, table["vocab"])
-        if same:
-            mine = {b.codes, b.scale, b.zero_point} - {a.codes, a.scale, a.zero_point, None}  # the head's own tensors
-            wasted = sum(model.tensors[n].nbytes for n in mine if n in model.tensors)
+        mine = {b.codes, b.scale, b.zero_point} - {a.codes, a.scale, a.zero_point, None}  # the head's own tensors
+        wasted = sum(model.tensors[n].nbytes for n in mine if n in model.tensors)
+        if quantized.same_quantized(model, a, b, table["vocab"]):
             return ("transposed_duplicate" if transposed else "duplicate"), wasted, None
+        gap = quantized.gap_between(model, a, b, table["vocab"])  # two quantizations of one float table?
+        if gap is not None and gap <= ROUNDING:
+            return "quantized_copy", wasted, round(gap, 4)
         return "distinct", 0, None
     rows = _float_rows(model, head if a else table)
     gap = None if rows is None else quantized.gap(model, rows, a or b, table["vocab"])
@@ -212,7 +215,8 @@ def vocabulary(model, tables, heads, pairs, copies, held, version):
                         "format": table["format"], "bytes": table["bytes"], "tied": tie is not None,
                         "head": tie["head"] if tie else None, "tables_in_memory": memory["defaults"]["copies"],
                         "quantized_head": quantized_head and {"head": quantized_head["head"],
-                                                              "max_error_in_scales": quantized_head["max_error_in_scales"]},
+                                                              "max_error_in_scales": quantized_head["max_error_in_scales"],
+                                                              "wasted_bytes": quantized_head["wasted_bytes"]},
                         "in_memory": memory,
                         "parameter_share": round(table["vocab"] * table["width"] / params, 4) if params else None,
                         "parameters_counted": params, "parameters_what": counted,

@@ -34,7 +34,8 @@ def report(info, path, out):
     distinct = [p for p in info["pairs"] if p["relation"] == "distinct"]
     listed = [p for p in info["pairs"] if p["relation"] != "distinct" or len(distinct) <= _DISTINCT_LISTED]
     for p in listed:
-        gap = (f" (largest difference {p['max_error_in_scales']:.3g} of the quantized one's scale)"
+        unit = "their mean scale" if p["both_quantized"] else "the quantized one's scale"
+        gap = (f" (largest difference {p['max_error_in_scales']:.3g} of {unit})"
                if p["relation"] == "quantized_copy" else "")
         w(f"pair {p['table']} / {p['head']}: {p['relation']}{gap}, {p['wasted_bytes']} bytes wasted in the file\n")
     if len(distinct) > _DISTINCT_LISTED:
@@ -68,8 +69,13 @@ def _details(v):
         yield f"looked-up rows multiplied by {v['row_scale']:.6g}, {what}"
     if v["quantized_head"]:
         q = v["quantized_head"]
-        yield (f"head {q['head']} holds these values quantized (largest difference {q['max_error_in_scales']:.3g} "
-               "of its scale): a copy up to rounding, not a tie")
+        if q["wasted_bytes"]:  # both quantized, each from the same floats
+            yield (f"head {q['head']} holds these values quantized a second way (largest difference "
+                   f"{q['max_error_in_scales']:.3g} of their mean scale): a copy up to rounding, not a tie; "
+                   f"{q['wasted_bytes']} bytes")
+        else:
+            yield (f"head {q['head']} holds these values quantized (largest difference {q['max_error_in_scales']:.3g} "
+                   "of its scale): a copy up to rounding, not a tie")
 
 
 def _copies(n):

@@ -12,6 +12,7 @@ from runtime.inspect.quantized import attribute
 from runtime.inspect.reading import InspectError, load
 from runtime.resident import copies_held, prepacked_copies
 from runtime.inspect.relations import runtime_copies
+from runtime.inspect.walk import lookup_ids
 
 
 def _shell(graph, name, array):
@@ -29,16 +30,48 @@ def _const(graph, name, values):
 
 
 def _unique(graph, model, base):
-    """`base`, or `base` with the first number that makes it a name the graph does not use."""
-    taken = {n for node in graph.node for n in list(node.input) + list(node.output)} | set(model.tensors)
-    return next(name for name in itertools.chain([base], (f"{base}{j}" for j in itertools.count())) if name not in taken)
+    """`base`, or `base` with the first number that makes it a name no tensor or node of the graph starts with
+    (so it may prefix the names of the nodes and tensors it brings)."""
+    taken = {n for node in graph.node for n in list(node.input) + list(node.output) + [node.name]} | set(model.tensors)
+    return next(name for name in itertools.chain([base], (f"{base}{j}" for j in itertools.count()))
+                if not any(t.startswith(name) for t in taken))
 
 
-def rewrite(model, heads, pairs):
-    """Rewrite `model.proto` in place so that each table and its head read one tensor stored [vocab, width] in a
-    form onnxruntime keeps as one: a duplicated head, or a head or lookup reading the table through a Transpose
-    (which onnxruntime folds into a copy), becomes Gemm(transB=1) on the table itself, and a table stored
-    [width, vocab] (onnxruntime-genai's shared embeddings) is stored once the other way round.
+def remedy(pair):
+    """What --retie does with a table/head pair, decided here and nowhere else: (how, why). `how` is "packed_shared",
+    "packed_duplicate" or "view" (the head, and a OneHot product's lookup, read the one table through graphs.tie's
+    run-time view; a head becomes a Gemm(transB=1) on it), or None when the pair is left as it is; `why` then says
+    why in one line where the pair holds one table's values twice (None where there is nothing to say)."""
+    table, head, relation = pair["table_entry"], pair["head_entry"], pair["relation"]
+    if relation == "distinct":
+        return None, None
+    if relation == "quantized_copy":
+        return None, ("a quantized copy, not a tie: its values differ from the table's by rounding, so neither can "
+                      "read the other's without changing the outputs")
+    if _packed_shared(pair):
+        return "packed_shared", None
+    if _packed_duplicate(pair):
+        return "packed_duplicate", None
+    views = table["views"] + head["views"]
+    if table["format"] != "float32" or head["format"] != "float32":
+        return None, (f"a {table['format']} table read through {', '.join(views) or 'no view'} by "
+                      f"{table['node'].op_type}: left as it is (--retie rewrites float32 tables, and onnxruntime's "
+                      "int4 block layouts)")
+    if "Reshape" in views:
+        return None, (f"read through a Reshape that is not the table's own shape ({', '.join(views)}): left as it is "
+                      "(a rewrite would have to undo it)")
+    if relation == "shared" and not pair["via_transpose"] and "View" in head["views"] and (
+            table["node"].op_type == "Gather" or "View" in table["views"]):
+        return None, None  # already read through a run-time view: one table in memory
+    return "view", None
+
+
+def rewrite(model, pairs):
+    """Rewrite `model.proto` in place as remedy() says for each pair, so that each table and its head read one
+    tensor stored [vocab, width] in a form onnxruntime keeps as one: a duplicated head, a head that prepacks the
+    table it shares, or one reading it through a Transpose (which onnxruntime folds into a copy), becomes
+    Gemm(transB=1) on the table's run-time view (a OneHot product's lookup reads that view too), and a table
+    stored [width, vocab] (onnxruntime-genai's shared embeddings) is stored once the other way round.
     Returns ([(head output, hidden input, table as the original stores it, whether transposed there, the table's
     name now)], {name: array} of the data of every external or new initializer, views on the model's files that
     graphs.save writes in chunks: no tensor is loaded whole)."""
@@ -47,34 +80,44 @@ def rewrite(model, heads, pairs):
     sources = {t.name: model.tensors[t.name].raw() for t in graph.initializer if t.data_location == TensorProto.EXTERNAL}
     for p in pairs:
         table, head = p["table_entry"], p["head_entry"]
-        if _packed_shared(p) and id(table["node"]) not in done:
+        how, _ = remedy(p)
+        if how == "packed_shared" and id(table["node"]) not in done:
             done.add(id(table["node"]))
-            if _gather_packed_in_place(graph, model, table, sources):
+            if _gather_packed_in_place(graph, model, table):
                 rewritten.append((None, None, table["initializer"], False, table["initializer"]))
-            continue
-        if _packed_duplicate(p) and id(table["node"]) not in done:
+        elif how == "packed_duplicate" and id(table["node"]) not in done:
             done.add(id(table["node"]))
-            if _gather_head_codes(graph, model, table, head, sources):
+            if _gather_head_codes(graph, model, table, head):
                 rewritten.append((None, None, table["initializer"], False, head["initializer"]))
-            continue
-        plain = table["format"] == head["format"] == "float32" and "Reshape" not in table["views"] + head["views"] \
-            and table["node"].op_type == "Gather"  # a OneHot product's table is left as it is
-        wanted = p["relation"] in ("duplicate", "transposed_duplicate") or (
-            p["relation"] == "shared" and p["via_transpose"])
-        if not (plain and wanted) or id(head["node"]) in done:
-            continue
-        done.add(id(head["node"]))
-        name, flipped = table["initializer"], table["flips"] % 2 == 1
-        if flipped:  # stored [width, vocab]: store it once as [vocab, width] and look rows up directly
-            rows = _unique(graph, model, name + "_rows")
-            sources[rows] = _shell(graph, rows, model.tensors[name].values().T)
-            table["node"].input[0] = rows
-            name = rows
-        rewritten.append(_gemm_head(graph, model, head["node"], name, table["vocab"], table["width"], len(rewritten))
-                         + (table["initializer"], flipped, name))
+        elif how == "view" and id(head["node"]) not in done:
+            done.add(id(head["node"]))
+            name, flipped = table["initializer"], table["flips"] % 2 == 1
+            if flipped:  # stored [width, vocab]: store it once as [vocab, width] and look rows up directly
+                rows = _unique(graph, model, name + "_rows")
+                sources[rows] = _shell(graph, rows, model.tensors[name].values().T)
+                table["node"].input[0] = rows
+                name = rows
+            if table["node"].op_type == "MatMul" and id(table["node"]) not in done:  # one_hot(ids) @ table
+                done.add(id(table["node"]))
+                table["node"].input[1] = _view(graph, model, table["node"], name, lookup_ids(table),
+                                               [table["vocab"], table["width"]])
+            rewritten.append(_gemm_head(graph, model, head["node"], name, table["vocab"], table["width"])
+                             + (table["initializer"], flipped, name))
     _drop_dead(graph)
     kept = {t.name for t in graph.initializer}
     return rewritten, {name: array for name, array in sources.items() if name in kept}
+
+
+def _view(graph, model, node, table, anchor, dims):
+    """graphs.tie's run-time view of initializer `table`, anchored on `anchor`, inserted before `node`: its name."""
+    prefix = _unique(graph, model, "retie_view") + "_"
+    view, constants, _ = unfolded_view(table, anchor, dims, prefix + "table", prefix)
+    for name, values in constants.items():
+        _const(graph, name, values)
+    at = list(graph.node).index(node)
+    for offset, n in enumerate(view):
+        graph.node.insert(at + offset, n)
+    return prefix + "table"
 
 
 def _packed_shared(pair):
@@ -95,7 +138,7 @@ def _packed_duplicate(pair):
             and len(table["stored_dims"]) == 2 and len(head["stored_dims"]) == 3 and head["scales"] is not None)
 
 
-def _gather_head_codes(graph, model, table, head, sources):
+def _gather_head_codes(graph, model, table, head):
     """Make the lookup of a _packed_duplicate read the head's codes and scales (proven to decode to the same values,
     scale for scale): _gather_packed_in_place on them, with the head's block, bits and zero points."""
     node = table["node"]
@@ -110,7 +153,7 @@ def _gather_head_codes(graph, model, table, head, sources):
     del node.input[3:]  # the table's own zero points (if any) went with its codes; the head's come instead
     if len(head["node"].input) > 3 and head["node"].input[3]:
         node.input.append(head["node"].input[3])
-    if not _gather_packed_in_place(graph, model, twin, sources):
+    if not _gather_packed_in_place(graph, model, twin):
         return False
     kept = [a for a in node.attribute if a.name not in ("block_size", "bits")]
     del node.attribute[:]
@@ -118,7 +161,7 @@ def _gather_head_codes(graph, model, table, head, sources):
     return True
 
 
-def _gather_packed_in_place(graph, model, table, sources):
+def _gather_packed_in_place(graph, model, table):
     """Make GatherBlockQuantized read the [N, blocks, blob] codes themselves (no Reshape to fold): its scales
     then need the codes' rank, [N, blocks, 1], which it reads through a run-time view of MatMulNBits' own
     [N, blocks] ones (graphs.tie: nothing folds it into a second scales tensor), and its rows come out
@@ -159,19 +202,13 @@ def _rank(graph, name):
     return None
 
 
-def _gemm_head(graph, model, node, table, vocab, width, i):
+def _gemm_head(graph, model, node, table, vocab, width):
     """Make head `node` a Gemm(transB=1) on `table` (a FusedMatMul stays one, transB=1), read through
     graphs.tie's run-time view so that onnxruntime's defaults do not prepack a second copy of it; (output,
     hidden input)."""
     hidden, output = node.input[0], node.output[0]
-    prefix = _unique(graph, model, f"retie{i}") + "_"
-    view, constants, _ = unfolded_view(table, hidden, [vocab, width], prefix + "table", prefix + "tie_")
-    for name, values in constants.items():
-        _const(graph, name, values)
-    at = list(graph.node).index(node)
-    for offset, n in enumerate(view):
-        graph.node.insert(at + offset, n)
-    table = prefix + "table"
+    prefix = _unique(graph, model, "retie_head") + "_"
+    table = _view(graph, model, node, table, hidden, [vocab, width])
     if node.op_type in ("Gemm", "FusedMatMul"):
         kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
         del node.attribute[:]
@@ -237,13 +274,11 @@ def retie(model, found, out_path, folder, limits, say):
     """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven."""
     if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
         raise InspectError(f"{model.path}: opset below 13; --retie rewrites with opset-13 Slice and Reshape")
-    rewritten, sources = rewrite(model, found["heads"], found["pairs"])
+    rewritten, sources = rewrite(model, found["pairs"])
     for p in found["pairs"]:
-        views = p["table_entry"]["views"] + p["head_entry"]["views"]
-        if p["relation"] not in ("distinct", "quantized_copy") and not (_packed_shared(p) or _packed_duplicate(p)) \
-                and (p["table_entry"]["format"] != "float32" or "Reshape" in views):
-            say(f"retie: {p['table']}: {p['table_entry']['format']} table read through {', '.join(views) or 'no view'} "
-                f"by {p['table_entry']['node'].op_type}: left as it is (--retie rewrites float32 tables only)\n")
+        how, why = remedy(p)
+        if how is None and why is not None:
+            say(f"retie: {p['table']} / {p['head']} ({p['relation']}): {why}\n")
     if not rewritten:
         say("retie: nothing to do: no duplicated head, and no head reading its table through a Transpose\n")
         return 0

@@ -6,7 +6,8 @@ from onnx import TensorProto, numpy_helper
 
 from graphs.precision import format_name
 from graphs.tie import viewed_dims
-from runtime.inspect.quantized import INTEGER_MATMULS, Quant, attribute, dq_quant, gbq_quant, integer_quant
+from runtime.inspect.quantized import (INTEGER_MATMULS, Quant, attribute, dq_quant, gathered_quant, gbq_quant,
+                                       integer_quant)
 from runtime.inspect.reading import InspectError
 
 # Ops exporters put between a stored table and the op that reads it; each passes on its input 0's values.
@@ -153,6 +154,9 @@ def find_tables_and_heads(model):
             entry = _entry(model, found, node, "table")
             if entry and "DequantizeLinear" in found[2]:  # QDQ: codes decoded on the way to the lookup
                 entry["quant"] = dq_quant(model, found[0], consumers, found[1] % 2 == 0, entry["width"])
+            elif entry:  # integer codes decoded after the lookup (quantize_dynamic's Gather), or plain floats
+                entry["quant"] = gathered_quant(model, found[0], node, found[1] % 2, entry["width"], producer,
+                                                consumers)
         elif node.op_type == "GatherBlockQuantized" and len(node.input) >= 3 and found and found[0] not in seen:
             scales = resolve(node.input[2])
             block = attribute(node, "block_size", 128)
