@@ -20,6 +20,18 @@ def resident():
     return Resident(fields["VmRSS"], fields["RssAnon"], fields["RssFile"] + fields.get("RssShmem", 0))
 
 
+def proportional():
+    """This process's proportional set size now: Resident(pss, anonymous, file) from /proc/self/smaps_rollup, where
+    a page mapped by several sessions (one external data file two sessions map) counts once in all."""
+    fields = {}
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("Pss", "Pss_Anon", "Pss_File", "Pss_Shmem"):
+                fields[key] = int(value.split()[0]) * 1024
+    return Resident(fields["Pss"], fields["Pss_Anon"], fields["Pss_File"] + fields.get("Pss_Shmem", 0))
+
+
 def options(prepacking=True):
     """SessionOptions as a user has them: onnxruntime's defaults, with prepacking turned off if asked."""
     import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
@@ -64,8 +76,29 @@ def session_growth(path, feeds, prepacking=True, disabled_optimizers=(), data_fo
             "file_bytes": after.file - before.file}
 
 
+def sessions_growth(models, prepacking=True):
+    """{resident_bytes, anonymous_bytes, file_bytes}: the proportional set size (Pss) that sessions on every model
+    of `models` [(path or serialized model, data folder or None, feeds)], all held at once in this process as a
+    client holds them, add after one run each; for a fresh process, like session_growth."""
+    import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
+
+    from runtime.runner import read_data_from
+    _warm()
+    gc.collect()
+    before = proportional()
+    sessions = []
+    for model, data_folder, feeds in models:
+        sessions.append(ort.InferenceSession(model, read_data_from(options(prepacking), data_folder),
+                                             providers=["CPUExecutionProvider"]))
+        sessions[-1].run(None, feeds)
+    after = proportional()
+    del sessions
+    return {"resident_bytes": after.rss - before.rss, "anonymous_bytes": after.anonymous - before.anonymous,
+            "file_bytes": after.file - before.file}
+
+
 def readers(model):
-    """{tensor name: [the nodes that read it]} of a ModelProto, each node once per tensor."""
+    """{tensor name: [the nodes that read it]} of a ModelProto's main graph, each node once per tensor."""
     reading = {}
     for node in model.graph.node:
         for name in dict.fromkeys(node.input):
@@ -73,13 +106,39 @@ def readers(model):
     return reading
 
 
+def scoped(name, graph):
+    """The key of initializer `name` of subgraph `graph` (a path of runtime.inspect.reading.graph_paths) among the
+    main graph's names: the name itself in the main graph."""
+    return name if graph in (None, "main") else f"{name}\x1f{graph}"
+
+
+def unscoped(key):
+    """(name, graph path or None for the main graph) of a scoped() key."""
+    name, _, graph = key.partition("\x1f")
+    return name, graph or None
+
+
+def _initializers(model):
+    """[(key (scoped), TensorProto, {name: the nodes of its graph that read it})] of the main graph and every body."""
+    from runtime.inspect.reading import graph_paths  # a graph's paths, named as inspect names them
+    found = []
+    for path, _, graph in graph_paths(model.graph):
+        if not len(graph.initializer):
+            continue
+        reading = {}
+        for node in graph.node:
+            for name in dict.fromkeys(node.input):
+                reading.setdefault(name, []).append(node)
+        found += [(scoped(t.name, path), t, reading) for t in graph.initializer]
+    return found
+
+
 def prepacked_copies(optimized):
     """[{initializer, kernel, node, bytes}]: each copy a kernel prepacked at load, as onnxruntime records it beside
     the initializer it was made from in an optimized model (a ModelProto, tensor data not loaded) written by
-    runtime.runner.write_optimized_model(prepacked=True)."""
-    reading = readers(optimized)
+    runtime.runner.write_optimized_model(prepacked=True); in a subgraph, `initializer` is scoped()."""
     copies = []
-    for tensor in optimized.graph.initializer:
+    for key, tensor, reading in _initializers(optimized):
         entries = [e.value for e in tensor.external_data if e.key.startswith("prepacked")]
         for i, value in enumerate(entries):
             kernel, _, rest = value.partition("+")
@@ -87,12 +146,12 @@ def prepacked_copies(optimized):
             length = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
             nodes = [n for n in reading.get(tensor.name, []) if n.op_type == kernel]
             node = nodes[min(i, len(nodes) - 1)] if nodes else None
-            copies.append({"initializer": tensor.name, "kernel": kernel, "bytes": length,
+            copies.append({"initializer": key, "kernel": kernel, "bytes": length,
                            "node": None if node is None else (node.name or node.output[0])})
     return copies
 
 
-_INDEXED = {}  # id(model) -> (model, its initializer names, readers(model)): asked once per table of one model
+_INDEXED = {}  # id(model) -> (model, its initializers' keys, {key: readers}): asked once per table of one model
 
 
 def _indexed(model):
@@ -100,7 +159,9 @@ def _indexed(model):
     if hit is None or hit[0] is not model:
         if len(_INDEXED) >= 4:
             _INDEXED.clear()
-        hit = _INDEXED[id(model)] = (model, {t.name for t in model.graph.initializer}, readers(model))
+        found = _initializers(model)
+        hit = _INDEXED[id(model)] = (model, {key for key, *_ in found},
+                                     {key: reading.get(t.name, []) for key, t, reading in found})
     return hit[1], hit[2]
 
 
@@ -108,7 +169,7 @@ def copies_held(names, optimized, prepacked, prepacking):
     """How many copies of the tensors `names` (a table, a duplicate of it, the copies folded from them) a session
     holds: those the optimized model keeps, plus the prepacked copies of them when prepacking is on, less each
     original every reader of which prepacked it (onnxruntime then frees it)."""
-    kept, reading = _indexed(optimized)
+    kept, reading = _indexed(optimized)  # names of subgraph initializers scoped()
     present = [n for n in dict.fromkeys(names) if n in kept]
     if not prepacking:
         return len(present)

@@ -44,6 +44,21 @@ def _measure(job):
     return session_growth(model, feeds, job["prepacking"], data_folder=folder)
 
 
+def _measure_together(job):
+    """What sessions on every file of a folder add when one process holds them all (Pss), after one run each."""
+    import onnx
+
+    from runtime.inspect.feeds import shaped_feeds
+    from runtime.resident import sessions_growth
+    models = []
+    for part in job["files"]:
+        model, folder = _model(part)
+        proto = onnx.load_model_from_string(model) if folder else onnx.load(model, load_external_data=False)
+        models.append((model, folder, shaped_feeds(proto, part["rows"], part["shape"], part["shape"]["lengths"][0])))
+        del proto
+    return sessions_growth(models, job["prepacking"])
+
+
 def _prove(job):
     from runtime.inspect.proof import OriginalFails, prove
     try:
@@ -52,7 +67,7 @@ def _prove(job):
         return {"failures": [], "original": str(e)}
 
 
-_JOBS = {"optimize": _optimize, "measure": _measure, "prove": _prove}
+_JOBS = {"optimize": _optimize, "measure": _measure, "measure_together": _measure_together, "prove": _prove}
 
 
 def main(path):

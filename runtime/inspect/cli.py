@@ -1,4 +1,5 @@
-"""The command: python -m runtime.inspect MODEL.onnx [--json] [--retie OUT.onnx] [--timeout S] [--memory-limit GiB]."""
+"""The command: python -m runtime.inspect MODEL.onnx|FOLDER [--json] [--retie OUT.onnx] [--check] [--files A,B]
+[--timeout S] [--memory-limit GiB]."""
 import argparse
 import json
 import os
@@ -10,12 +11,13 @@ import graphs
 from embed import OneLineParser, Terminated, UsageError, raise_on_sigterm, run_cli
 from runtime.inspect import feeds, guard, isolated, memory
 from runtime.inspect.reading import InspectError, load, printable
-from runtime.inspect.relations import relate, runtime_copies, vocabulary
-from runtime.inspect.report import as_json, report
+from runtime.inspect.relations import copy_key, relate, runtime_copies, vocabulary
+from runtime.inspect.folder import folder_held_twice, held_twice, inspect_folder
+from runtime.inspect.report import as_json, folder_json, folder_report, report
 from runtime.inspect.retie import retie
 from runtime.inspect.walk import find_tables_and_heads, lookup_ids
 from runtime.progress import Progress
-from runtime.resident import prepacked_copies
+from runtime.resident import prepacked_copies, unscoped
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
 
@@ -38,7 +40,8 @@ checked before it is read, external data must lie inside the model's folder, and
 process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole command."""
 
 EPILOG = """exit status: 0 report written (and OUT, if --retie had something to do); 1 the retie proof failed,
-nothing written (or whoever read the report stopped, as `| head` does); 2 bad usage, a model that cannot be read
+nothing written, or --check found a table held twice or a tie config.json contradicts (or whoever read the report
+stopped, as `| head` does); 2 bad usage, a model that cannot be read
 safely, or one that cannot be proven on this machine (onnxruntime cannot run the original on the proof's feeds),
 or --timeout passed (one line on stderr); 130 / 143 / 129 interrupted, terminated, hung up (nothing left behind)."""
 
@@ -69,10 +72,13 @@ def inspect_model(path, folder, limits=None, proof_past=None):
                      "bytes": t.nbytes} for t in model.tensors.values()]
     copies = runtime_copies(model, optimized, watched)
     paired = {t["initializer"] for t in tables} | {p["head"] for p in pairs}
-    ours = paired | {c["name"] for c in copies if c.get("copy_of") in paired}  # and what is folded from them
-    copies += [{"name": f"{p['initializer']} prepacked", "bytes": p["bytes"], "shape": None,
-                "copy_of": p["initializer"], "view": "prepacked", "transposed": False, "kernel": p["kernel"],
-                "node": p["node"]} for p in prepacked if p["initializer"] in ours]
+    ours = paired | {copy_key(c) for c in copies if c.get("copy_of") in paired}  # and what is folded from them
+    for p in prepacked:
+        if p["initializer"] in ours:
+            name, graph = unscoped(p["initializer"])  # a body's folded copy, prepacked in its branch
+            copies.append({"name": f"{name} prepacked", "bytes": p["bytes"], "shape": None, "copy_of": name,
+                           "view": "prepacked", "transposed": False, "kernel": p["kernel"], "node": p["node"],
+                           **({"graph": graph} if graph else {})})
     rows = {lookup_ids(t): t["vocab"] for t in tables}  # each lookup's ids, and the rows they may name
     measured = memory.measure({"checked": model.checked}, rows, shape, folder, limits,
                               model.file_bytes) if tables else {}
@@ -84,7 +90,8 @@ def inspect_model(path, folder, limits=None, proof_past=None):
             "initializers": initializers, "pairs": pairs, "runtime_copies": copies, "rows": rows, "shape": shape,
             "vocabulary": vocabulary(model, tables, heads, pairs, copies, held, version), "onnxruntime": version,
             "measure_error": measured.get("error"),
-            "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values())}
+            "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values()), "optimized": optimized,
+            "prepacked": prepacked}
 
 
 class _Clean:
@@ -126,6 +133,14 @@ def _past(text):
     return int(text)
 
 
+def _names(text):
+    """--files: comma-separated file names."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"want file names separated by commas, got {text!r}")
+    return names
+
+
 def _check_out(out, model):
     if not out:
         raise InspectError("--retie needs a file name for OUT, got ''")
@@ -162,7 +177,15 @@ def main(argv=None, supervised=True):
     protection then)."""
     parser = OneLineParser(prog="python -m runtime.inspect", description=DESCRIPTION, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", metavar="MODEL.onnx")
+    parser.add_argument("model", metavar="MODEL.onnx|FOLDER",
+                        help="a model file, or the folder a client loads (genai_config.json's files; Optimum's encoder "
+                             "and merged decoder; transformers.js's onnx/ layout)")
+    parser.add_argument("--files", metavar="A,B", type=_names,
+                        help="for a FOLDER: the files (relative to it) to inspect together, instead of the ones its "
+                             "layout names")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a table is held more than once (on disk or in memory under onnxruntime's "
+                             "defaults) or a tie contradicts config.json, after the report")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table, with the sidecar files its runtime reads")
     parser.add_argument("--timeout", type=_positive, default=600.0, metavar="S",
@@ -187,6 +210,12 @@ def main(argv=None, supervised=True):
         if sys.stdout is None:
             raise InspectError("standard output is closed: the report has nowhere to go")
         graphs.storage.check_utf8(args.model, "MODEL's path")
+        if os.path.isdir(args.model) and args.retie is not None:
+            raise InspectError(f"--retie {args.retie}: retying a folder is not built yet; retie one of its files")
+        if args.files and not os.path.isdir(args.model):
+            raise UsageError(f"{parser.prog}: error: --files chooses files of a FOLDER; {args.model} is not one")
+        if args.check and args.retie is not None:
+            raise UsageError(f"{parser.prog}: error: --check judges the model as it is; give it without --retie")
         if args.retie is not None:
             _check_out(args.retie, args.model)
     except UsageError as e:
@@ -214,15 +243,23 @@ def _work(args, prog, folder):
     progress = Progress(enabled=True)  # stderr, on a terminal only
     limits = isolated.Limits(args.timeout, memory, progress, guard.committing)
     try:
+        if os.path.isdir(args.model):
+            result = inspect_folder(args.model, folder, limits, inspect_model, args.proof_past, args.files)
+            progress.done()
+            if args.json:
+                sys.stdout.write(json.dumps(folder_json(result), indent=2) + "\n")
+            else:
+                folder_report(result, _Clean(sys.stdout))
+            return 1 if args.check and folder_held_twice(result) else 0
         info = inspect_model(args.model, folder, limits, args.proof_past)
         progress.done()
         say = _writer(sys.stderr if args.json else sys.stdout, progress)
         if args.json:  # json.dumps escapes every control and non-ASCII character itself
-            sys.stdout.write(json.dumps(as_json(info), indent=2) + "\n")
+            sys.stdout.write(json.dumps(as_json(info, args.model), indent=2) + "\n")
         else:
             report(info, args.model, _Clean(sys.stdout))
         if args.retie is None:
-            return 0
+            return 1 if args.check and held_twice(info) else 0
         try:
             return retie(info["model"], info, args.retie, folder, limits, say)
         finally:

@@ -114,6 +114,7 @@ def feeds_for(model, rows, rng, head_size=None, past=PAST, sequence=SEQUENCE):
     fixed = [d.dim_value for v in model.graph.input if "past" in v.name for d in v.type.tensor_type.shape.dim[-1:]
              if d.HasField("dim_value")]
     head_size = head_size or (fixed[0] if fixed else SEQUENCE)
+    has_past = any("past" in v.name for v in model.graph.input)
     feeds = {}
     for value in model.graph.input:
         if value.name in weights:
@@ -121,6 +122,9 @@ def feeds_for(model, rows, rng, head_size=None, past=PAST, sequence=SEQUENCE):
         tensor_type = value.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else _dim(d.dim_param, head_size, past, sequence)
                  for d in tensor_type.shape.dim]
+        dims = tensor_type.shape.dim
+        if value.name == "attention_mask" and has_past and dims and not dims[-1].HasField("dim_value"):
+            shape[-1] = past + sequence  # the mask covers the past too, whatever its dim is called (Optimum's merge)
         dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
         if value.name in rows:
             feeds[value.name] = rng.integers(0, rows[value.name], size=shape).astype(dtype)

@@ -26,6 +26,20 @@ def measure(model, rows, shape, folder, limits, model_bytes):
     return measured
 
 
+def measure_together(parts, folder, limits, model_bytes):
+    """measure() for a folder: `parts` [{"checked", "rows", "shape"}] one per file, all sessions held in one child
+    (what the client's process holds), Pss so that pages two sessions map count once."""
+    measured = {}
+    for setting, prepacking in SETTINGS.items():
+        job = {"kind": "measure_together", "files": parts, "prepacking": prepacking, "folder": folder}
+        try:
+            measured[setting] = isolated.call(job, f"running every file once in one process ({setting})", limits,
+                                              model_bytes)
+        except isolated.StepFailed as e:
+            measured[setting], measured["error"] = None, str(e).split(": ", 1)[-1]
+    return measured
+
+
 def in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured):
     """The `in_memory` entry of one table: per setting, copies counted and bytes measured, and times_table =
     (resident growth - the model's other initializers) / the table's bytes, None for a table under RESOLUTION."""

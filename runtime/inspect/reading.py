@@ -81,7 +81,8 @@ class Tensor:
 
 
 class Model:
-    """A parsed model whose every tensor passed `check_tensor`: proto, {name: Tensor}, bytes on disk; `checked`
+    """A parsed model whose every tensor passed `check_tensor`: proto, {name: Tensor} of the main graph's
+    initializers, `bodies` {graph path (graph_paths): {name: Tensor}} of its subgraphs' own, bytes on disk; `checked`
     says which bytes and files were checked: {path, size, digest, folder, files: {path: [device, inode, size]}}
     (runtime.inspect.isolated.source hands onnxruntime those bytes and nothing else)."""
 
@@ -218,6 +219,28 @@ def check_tensor(tensor, folder, files):
     return Tensor(tensor, nbytes)
 
 
+def label(node):
+    """How a report names a node: its name, else its first output, else its op type."""
+    return node.name or (node.output[0] if node.output else node.op_type)
+
+
+def graph_paths(graph):
+    """[(path, parent's path or None, GraphProto)]: the main graph ("main") and every If / Loop / Scan body in it
+    at any depth ("main/<node>.then_branch"; "...body[i]" where an attribute holds several), parents first."""
+    found, stack = [], [("main", None, graph)]
+    while stack:
+        path, parent, g = stack.pop()
+        found.append((path, parent, g))
+        children = []
+        for node in g.node:
+            for a in node.attribute:
+                bodies = [a.g] if a.HasField("g") else list(a.graphs)
+                children += [(f"{path}/{label(node)}.{a.name}" + (f"[{i}]" if len(bodies) > 1 else ""), path, body)
+                             for i, body in enumerate(bodies)]
+        stack += reversed(children)
+    return found
+
+
 def _bodies(graph, functions=()):
     """`graph`, every subgraph in it (If / Loop / Scan bodies, at any depth) and the model's `functions`' bodies,
     each once."""
@@ -280,18 +303,22 @@ def load(path, folder=None, data=None):
         raise InspectError(f"{path}: not an ONNX model (no IR version, opset or graph)")
     _names_are_text(proto.graph, proto.functions)
     folder = os.path.realpath(folder or os.path.dirname(os.path.realpath(path)))  # where the OS finds its data
-    files, tensors = {}, {}
+    files, tensors, checked_of = {}, {}, {}
     for tensor, top in _all_tensors(proto.graph, proto.functions):
-        checked = check_tensor(tensor, folder, files)
+        checked = checked_of[id(tensor)] = check_tensor(tensor, folder, files)
         if top:
             if tensor.name in tensors:
                 raise InspectError(f"initializer {tensor.name!r} is defined twice")
             tensors[tensor.name] = checked
+    bodies = {path: {t.name: checked_of[id(t)] for t in g.initializer}
+              for path, parent, g in graph_paths(proto.graph) if parent is not None and len(g.initializer)}
     _not_sparse(files)
     identities = {name: [info.st_dev, info.st_ino, info.st_size] for info, _, names in files.values() for name in names}
     checked = {"path": os.fspath(path), "size": len(data), "digest": hashlib.blake2b(data, digest_size=16).hexdigest(),
                "folder": folder, "files": dict(sorted(identities.items()))}
-    return Model(path, proto, tensors, len(data) + sum(info.st_size for info, *_ in files.values()), folder, checked)
+    model = Model(path, proto, tensors, len(data) + sum(info.st_size for info, *_ in files.values()), folder, checked)
+    model.bodies = bodies
+    return model
 
 
 def _read_checked(f, info, path):

@@ -5,6 +5,7 @@ import numpy as np
 from onnx import TensorProto
 
 from runtime.inspect import quantized, shares
+from runtime.resident import scoped
 
 _CHUNK = 16 * 2**20  # bytes compared at a time, so a memory-mapped table is never read whole at once
 
@@ -23,7 +24,7 @@ def same_values(a, b, transposed=False):
                for i in range(0, x.shape[0], rows))
 
 
-def _stored_as_table(entry):
+def stored_as_table(entry):
     """Whether the entry's initializer is stored [vocab, width] (rows are tokens)."""
     return entry.get("as_table", entry["flips"] % 2 == 0)
 
@@ -35,7 +36,7 @@ def relate(model, tables, heads):
     whatever layout), `quantized_copy` (a float table and a quantized one holding its values up to rounding:
     max_error_in_scales is their largest difference in units of the quantized one's scale; or two quantizations
     of one table, in units of their mean scale, the head's bytes wasted; never a tie), or `distinct`."""
-    pairs, digest = [], _Digests(model)
+    pairs, digest = [], Digests(model)
     by_shape = {}
     for head in heads:
         by_shape.setdefault((head["vocab"], head["width"]), []).append(head)
@@ -43,7 +44,7 @@ def relate(model, tables, heads):
         t = model.tensors[table["initializer"]]
         for head in by_shape.get((table["vocab"], table["width"]), []):
             h = model.tensors[head["initializer"]]
-            transposed = _stored_as_table(table) != _stored_as_table(head)
+            transposed = stored_as_table(table) != stored_as_table(head)
             gap = None
             if head["initializer"] == table["initializer"]:
                 relation, wasted = "shared", 0
@@ -59,20 +60,22 @@ def relate(model, tables, heads):
                           "wasted_bytes": wasted, "node": head["node"].name or head["node"].output[0],
                           "via_transpose": head["flips"] > 0 or table["flips"] > 0, "table_entry": table,
                           "head_entry": head, "max_error_in_scales": gap,
-                          "both_quantized": bool(table.get("quant") and head.get("quant"))})
+                          "both_quantized": bool(table.get("quant") and head.get("quant")),
+                          "table_graph": table.get("graph", "main"), "head_graph": head.get("graph", "main")})
     return pairs
 
 
-class _Digests:
-    """A digest of each entry's values as [vocab, width] rows (the tensor's type in it), computed once per
-    initializer a chunk of rows at a time: equal values give equal digests, so pairs with different digests are
-    distinct without a comparison; None (compare them) for packed codes stored the other way round."""
+class Digests:
+    """Digests(model)(entry): a digest of the entry's values as [vocab, width] rows (the tensor's type in it),
+    computed once per initializer a chunk of rows at a time: equal values give equal digests, so pairs with
+    different digests are distinct without a comparison (in one model or across files); None (compare them) for
+    packed codes stored the other way round."""
 
     def __init__(self, model):
         self.model, self.known = model, {}
 
     def __call__(self, entry):
-        key = (entry["initializer"], _stored_as_table(entry))
+        key = (entry["initializer"], stored_as_table(entry))
         if key not in self.known:
             self.known[key] = self._digest(self.model.tensors[entry["initializer"]], key[1])
         return self.known[key]
@@ -104,7 +107,7 @@ def _float_rows(model, entry):
     if tensor.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE) or len(tensor.dims) != 2:
         return None
     values = tensor.values()
-    return values if _stored_as_table(entry) else values.T
+    return values if stored_as_table(entry) else values.T
 
 
 def _quantized_relation(model, table, head, transposed):
@@ -133,29 +136,45 @@ def _same_scales(model, a, b):
 
 
 def runtime_copies(model, optimized, watched):
-    """Initializers the optimized model holds that `model` does not, each with the watched initializer whose
-    values it holds, if any: the same, transposed, or reshaped (the same bytes under other dims)."""
+    """Initializers the optimized model holds that `model` does not, in its main graph and in every subgraph (an
+    If branch's folded Transpose; `graph` names it there), each with the watched initializer whose values it holds,
+    if any: the same, transposed, or reshaped (the same bytes under other dims)."""
     copies = []
-    for name, tensor in optimized.tensors.items():
-        if name in model.tensors:
-            continue
-        entry = {"name": name, "bytes": tensor.nbytes, "shape": tensor.dims}
-        for source_name in watched:
-            source = model.tensors[source_name]
-            if same_values(source, tensor, transposed=True) and source.dims != tensor.dims:
-                view = "transposed"
-            elif source.data_type == tensor.data_type and _same_bytes(source, tensor):
-                view = "same" if source.dims == tensor.dims else "reshaped"
-            elif _widened(source, tensor, transposed=False):
-                view = "widened"
-            elif _widened(source, tensor, transposed=True):
-                view = "widened_transposed"
-            else:
+    scopes = [("main", optimized.tensors, model.tensors)] + [
+        (path, tensors, model.bodies.get(path, {})) for path, tensors in sorted(optimized.bodies.items())]
+    for path, tensors, before in scopes:
+        for name, tensor in tensors.items():
+            if name in before:
                 continue
-            entry.update(copy_of=source_name, view=view, transposed=view.endswith("transposed"))
-            break
-        copies.append(entry)
+            entry = {"name": name, "bytes": tensor.nbytes, "shape": tensor.dims}
+            if path != "main":
+                entry["graph"] = path
+            for source_name in watched:
+                view = _copy_view(model.tensors[source_name], tensor)
+                if view:
+                    entry.update(copy_of=source_name, view=view, transposed=view.endswith("transposed"))
+                    break
+            copies.append(entry)
     return copies
+
+
+def _copy_view(source, tensor):
+    """How `tensor` holds `source`'s values ("transposed", "same", "reshaped", "widened", "widened_transposed"),
+    or None."""
+    if same_values(source, tensor, transposed=True) and source.dims != tensor.dims:
+        return "transposed"
+    if source.data_type == tensor.data_type and _same_bytes(source, tensor):
+        return "same" if source.dims == tensor.dims else "reshaped"
+    if _widened(source, tensor, transposed=False):
+        return "widened"
+    if _widened(source, tensor, transposed=True):
+        return "widened_transposed"
+    return None
+
+
+def copy_key(copy):
+    """A runtime copy's key among the optimized model's initializers (runtime.resident.scoped)."""
+    return scoped(copy["name"], copy.get("graph"))
 
 
 def _widened(a, b, transposed):
@@ -190,11 +209,6 @@ def vocabulary(model, tables, heads, pairs, copies, held, version):
     duplicate of it, what onnxruntime folds from them); `tables_in_memory` is its count under the defaults;
     `version` is the onnxruntime whose behaviour the counts describe (the isolated child's)."""
     params, counted = shares.parameters(model, tables, heads, pairs)
-    producer = {out: node for node in model.proto.graph.node for out in node.output}
-    consumers = {}
-    for node in model.proto.graph.node:
-        for name in dict.fromkeys(node.input):
-            consumers.setdefault(name, []).append(node)
     total_bytes = sum(t.nbytes for t in model.tensors.values())
     entries = []
     by_table = {}
@@ -205,13 +219,15 @@ def vocabulary(model, tables, heads, pairs, copies, held, version):
         tie = next((p for p in mine if p["relation"] == "shared"), None) or next(
             (p for p in mine if p["relation"] in ("duplicate", "transposed_duplicate")), None)
         stored = {table["initializer"]} | ({tie["head"]} if tie else set())
+        producer, consumers = table["producer"], table["consumers"]  # its own scope's (a body's sees outer ones)
         scale, is_sqrt = shares.row_scale(model, table, producer, consumers)
         quantized_head = next((p for p in mine if p["relation"] == "quantized_copy"), None)
-        folded = [c["name"] for c in copies if c.get("copy_of") in stored and c.get("view") != "prepacked"]
+        folded = [copy_key(c) for c in copies if c.get("copy_of") in stored and c.get("view") != "prepacked"]
         stored_bytes = sum(model.tensors[n].nbytes for n in stored)
         memory = held(sorted(stored) + folded, table["bytes"], total_bytes - stored_bytes - (
             table["bytes"] - model.tensors[table["initializer"]].nbytes))  # the table's scales are its bytes too
-        entries.append({"table": table["initializer"], "vocab_size": table["vocab"], "width": table["width"],
+        entries.append({"table": table["initializer"], "graph": table.get("graph", "main"),
+                        "vocab_size": table["vocab"], "width": table["width"],
                         "format": table["format"], "bytes": table["bytes"], "tied": tie is not None,
                         "head": tie["head"] if tie else None, "tables_in_memory": memory["defaults"]["copies"],
                         "quantized_head": quantized_head and {"head": quantized_head["head"],

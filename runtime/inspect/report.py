@@ -1,4 +1,6 @@
-"""The text report and the --json document of runtime.inspect, from inspect_model's findings."""
+"""The text report and the --json document of runtime.inspect, from inspect_model's findings (and a folder's,
+from folder.inspect_folder's)."""
+import os
 
 from runtime.inspect import memory
 from runtime.inspect.relations import SMALL_COPY
@@ -37,7 +39,9 @@ def report(info, path, out):
         unit = "their mean scale" if p["both_quantized"] else "the quantized one's scale"
         gap = (f" (largest difference {p['max_error_in_scales']:.3g} of {unit})"
                if p["relation"] == "quantized_copy" else "")
-        w(f"pair {p['table']} / {p['head']}: {p['relation']}{gap}, {p['wasted_bytes']} bytes wasted in the file\n")
+        table, head = (name + (f" (in {g})" if g != "main" else "") for name, g in
+                       ((p["table"], p["table_graph"]), (p["head"], p["head_graph"])))
+        w(f"pair {table} / {head}: {p['relation']}{gap}, {p['wasted_bytes']} bytes wasted in the file\n")
     if len(distinct) > _DISTINCT_LISTED:
         w(f"{len(distinct)} table/head pairs of matching shape are distinct (each listed under --json)\n")
     if not info["pairs"]:
@@ -47,11 +51,14 @@ def report(info, path, out):
         if c in small:
             continue
         if c.get("view") == "prepacked":
-            w(f"prepacked copy of {c['copy_of']}: {c['bytes']} bytes made at load by {c['kernel']} node "
+            where = f" in {c['graph']}" if "graph" in c else ""
+            w(f"prepacked copy of {c['copy_of']}{where}: {c['bytes']} bytes made at load by {c['kernel']} node "
               f"{c['node']!r} under onnxruntime's defaults (no initializer of the optimized model shows it)\n")
             continue
         what = f" = {c['copy_of']}{'' if c['view'] == 'same' else ' ' + c['view']}" if "copy_of" in c else ""
-        w(f"runtime copy {c['name']} {c['shape']}: {c['bytes']} bytes added by onnxruntime's optimizations{what}\n")
+        where = f" in {c['graph']}" if "graph" in c else ""
+        w(f"runtime copy {c['name']}{where} {c['shape']}: {c['bytes']} bytes added by onnxruntime's optimizations"
+          f"{what}\n")
     if small:
         w(f"runtime copies under {SMALL_COPY} bytes: {len(small)} (folded constants), "
           f"{sum(c['bytes'] for c in small)} bytes in all\n")
@@ -82,14 +89,14 @@ def _copies(n):
     return f"{n} cop{'y' if n == 1 else 'ies'}"
 
 
-def _held(entry, error):
+def _held(entry, error, measured="MiB resident after a run"):
     """One line: what a session holds under the defaults, and what turning prepacking off changes."""
     def figures(held):
         if held["resident_bytes"] is None:
             return "not measured"
         ratio = ("the table too small for a ratio" if held["times_table"] is None else
                  f"{held['times_table']:.2f}x the table beyond the other weights")
-        return (f"+{held['resident_bytes'] / 2**20:.1f} MiB resident after a run, {held['anonymous_bytes'] / 2**20:.1f} "
+        return (f"+{held['resident_bytes'] / 2**20:.1f} {measured}, {held['anonymous_bytes'] / 2**20:.1f} "
                 f"anonymous and {held['file_bytes'] / 2**20:.1f} file-backed: {ratio}")
     defaults, off = entry["defaults"], entry["no_prepacking"]
     line = (f"{_copies(defaults['copies'])} under onnxruntime's default SessionOptions ({figures(defaults)}); "
@@ -98,12 +105,69 @@ def _held(entry, error):
 
 
 def _views(entry):
-    return f", through {', '.join(entry['views'])}" if entry["views"] else ""
+    where = f", in {entry['graph']}" if entry.get("graph", "main") != "main" else ""
+    return (f", through {', '.join(entry['views'])}" if entry["views"] else "") + where
 
 
-def as_json(info):
-    """What --json prints of `info`."""
-    return {"file_bytes": info["file_bytes"], "initializers": info["initializers"], "vocabulary": info["vocabulary"],
-            "pairs": [{k: p[k] for k in ("table", "head", "relation", "wasted_bytes", "max_error_in_scales")}
+def as_json(info, path=None):
+    """What --json prints of `info` (for the model at `path`: its `model` key)."""
+    return {**({"model": path} if path is not None else {}), "onnxruntime": info["onnxruntime"],
+            "file_bytes": info["file_bytes"], "initializers": info["initializers"], "vocabulary": info["vocabulary"],
+            "pairs": [{k: p[k] for k in ("table", "head", "relation", "wasted_bytes", "max_error_in_scales",
+                                         "table_graph", "head_graph")}
                       for p in info["pairs"]],
             "runtime_copies": info["runtime_copies"]}
+
+
+_TIE_FINDINGS = {
+    "wrong_tie": "WRONG TIE: config.json says tie_word_embeddings false, but the head scores with the input table {t}",
+    "lost_tie": "LOST TIE: config.json says tie_word_embeddings true, but the head of {t}'s shape holds other values",
+}
+
+
+def folder_report(result, out):
+    """The text report of a folder (folder.inspect_folder): each file's, then what the files hold together."""
+    w = out.write
+    files = [it["file"] for it in result["items"]]
+    w(f"{result['folder']}: {len(files)} file(s) a client loads together ({result['rule']}): {', '.join(files)}\n")
+    for it in result["items"]:
+        w("\n")
+        w(f"== {it['file']}\n")
+        report(it["info"], os.path.join(result["folder"], it["file"]), out)
+    across = result["across"]
+    w("\n")
+    w("across the files:\n")
+    for v in across["vocabulary"]:
+        if v["kind"] == "position" and v["copies_on_disk"] == 1:
+            continue  # held once, in one file: each file's report has said all there is (--json lists it)
+        for finding in [v["tie_finding"]] if v["tie_finding"] else []:
+            w(_TIE_FINDINGS[finding].format(t=v["table"]) + "\n")
+        kind = "position table" if v["kind"] == "position" else "table"
+        w(f"{kind} {v['table']} ({v['file']}) {v['vocab_size']} x {v['width']} {v['format']}, {v['bytes']} bytes: "
+          f"stored {v['copies_on_disk']} time(s) in {len({s['file'] for s in v['stored']})} file(s), "
+          f"{v['wasted_bytes']} bytes wasted on disk\n")
+        for s in v["stored"]:
+            w(f"  stored: {s['file']} {s['name']}, {s['bytes']} bytes\n")
+        roles = ", ".join(f"{r['file']} {r['node']} ({r['role']}{'' if r['graph'] == 'main' else ' in ' + r['graph']})"
+                          for r in v["readers"])
+        w(f"  read by: {roles}\n")
+        w(f"  in one process holding every session: {_held(v['in_memory'], result['measure_error'], 'MiB Pss after a run of each')}\n")
+        if v["config_tie"] is not None:
+            w(f"  config: tie_word_embeddings {str(v['config_tie']).lower()}; the graph "
+              f"{'scores with this table' if v['tied'] else 'has no head reading these values'}"
+              f"{'' if v['tie_finding'] else ': as the config says'}\n")
+    for p in across["pairs"]:
+        a, b = (f"{x['file']} {x['name']}" + ("" if x["graph"] == "main" else f" (in {x['graph']})")
+                for x in (p["a"], p["b"]))
+        w(f"pair {a} / {b}: {p['relation']}, {p['wasted_bytes']} bytes wasted on disk\n")
+    if not across["pairs"]:
+        w("no table held in more than one file\n")
+
+
+def folder_json(result):
+    """What --json prints of a folder."""
+    vocabulary = [{k: v for k, v in group.items() if k not in ("members", "shared_links")}
+                  for group in result["across"]["vocabulary"]]
+    return {"model": result["folder"], "onnxruntime": result["onnxruntime"], "rule": result["rule"],
+            "files": [{"path": it["file"], **as_json(it["info"])} for it in result["items"]],
+            "across_files": {"pairs": result["across"]["pairs"], "vocabulary": vocabulary}}

@@ -11,7 +11,7 @@ from runtime.inspect import isolated, memory, sidecars
 from runtime.inspect.quantized import attribute
 from runtime.inspect.reading import InspectError, load
 from runtime.resident import copies_held, prepacked_copies
-from runtime.inspect.relations import runtime_copies
+from runtime.inspect.relations import copy_key, runtime_copies
 from runtime.inspect.walk import lookup_ids
 
 
@@ -45,6 +45,10 @@ def remedy(pair):
     table, head, relation = pair["table_entry"], pair["head_entry"], pair["relation"]
     if relation == "distinct":
         return None, None
+    if table["graph"] != "main" or head["graph"] != "main":
+        where = table["graph"] if table["graph"] != "main" else head["graph"]
+        return None, (f"read inside a subgraph ({where}): found and counted, but --retie does not rewrite If / Loop "
+                      "/ Scan bodies yet")
     if relation == "quantized_copy":
         return None, ("a quantized copy, not a tie: its values differ from the table's by rounding, so neither can "
                       "read the other's without changing the outputs")
@@ -239,12 +243,14 @@ def _gemm_head(graph, model, node, table, vocab, width):
 
 
 def _drop_dead(graph):
-    """Remove nodes whose outputs nobody reads (and what then feeds only them), then initializers nobody reads.
-    Linear in nodes and edges: each node is dropped once, counting down its inputs' readers."""
+    """Remove nodes whose outputs nobody reads (and what then feeds only them), then initializers nobody reads, in
+    `graph` and then in each body of the nodes kept. A node with a body reads what the body reads (outer-scope
+    values). Linear in nodes and edges: each node is dropped once, counting down its inputs' readers."""
     nodes = list(graph.node)
+    inputs = [list(node.input) + sorted(_read_inside(node)) for node in nodes]
     readers = {}
-    for node in nodes:
-        for name in node.input:
+    for names in inputs:
+        for name in names:
             readers[name] = readers.get(name, 0) + 1
     outputs = {o.name for o in graph.output}
     producer = {out: i for i, node in enumerate(nodes) for out in node.output}
@@ -258,16 +264,34 @@ def _drop_dead(graph):
         if i in dead:
             continue
         dead.add(i)
-        for name in nodes[i].input:
+        for name in inputs[i]:
             readers[name] -= 1
             j = producer.get(name)
             if j is not None and j not in dead and unread(nodes[j]):
                 todo.append(j)
     for i in sorted(dead, reverse=True):  # by index: no message is compared or copied
         del graph.node[i]
-    read = {name for node in graph.node for name in node.input} | outputs
+    read = {name for i, names in enumerate(inputs) if i not in dead for name in names} | outputs
     for i in sorted((i for i, t in enumerate(graph.initializer) if t.name not in read), reverse=True):
         del graph.initializer[i]
+    for node in graph.node:
+        for body in _bodies_of(node):
+            _drop_dead(body)
+
+
+def _bodies_of(node):
+    return [b for a in node.attribute for b in ([a.g] if a.HasField("g") else list(a.graphs))]
+
+
+def _read_inside(node):
+    """Every name the nodes in `node`'s bodies read, at any depth (the outer-scope values among them)."""
+    names, stack = set(), _bodies_of(node)
+    while stack:
+        body = stack.pop()
+        for inner in body.node:
+            names.update(inner.input)
+            stack += _bodies_of(inner)
+    return names
 
 
 def retie(model, found, out_path, folder, limits, say):
@@ -280,7 +304,7 @@ def retie(model, found, out_path, folder, limits, say):
         if how is None and why is not None:
             say(f"retie: {p['table']} / {p['head']} ({p['relation']}): {why}\n")
     if not rewritten:
-        say("retie: nothing to do: no duplicated head, and no head reading its table through a Transpose\n")
+        say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
     staged = os.path.join(folder, "retied.onnx")
     limits.progress("writing the retied model to the scratch folder, to prove it")
@@ -307,7 +331,7 @@ def retie(model, found, out_path, folder, limits, say):
     before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
     held = {}
     for table, original in {final: original for _, _, original, _, final in rewritten}.items():
-        extra = [c["name"] for c in copies if c.get("copy_of") == table and c["bytes"] >= retied.tensors[table].nbytes]
+        extra = [copy_key(c) for c in copies if c.get("copy_of") == table and c["bytes"] >= retied.tensors[table].nbytes]
         if extra:
             failures.append(f"onnxruntime still copies {table} at run time: {extra}")
         held[table] = copies_held([table] + extra, retied_optimized.proto, prepacked, prepacking=True)

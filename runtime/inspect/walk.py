@@ -1,5 +1,6 @@
 """Walking the graph: one topological order (a cycle is a finding), then tables and heads found through it."""
 import math
+from collections import ChainMap
 
 import numpy as np
 from onnx import TensorProto, numpy_helper
@@ -8,15 +9,11 @@ from graphs.precision import format_name
 from graphs.tie import viewed_dims
 from runtime.inspect.quantized import (INTEGER_MATMULS, Quant, attribute, dq_quant, gathered_quant, gbq_quant,
                                        integer_quant)
-from runtime.inspect.reading import InspectError
+from runtime.inspect.reading import InspectError, graph_paths, label
 
 # Ops exporters put between a stored table and the op that reads it; each passes on its input 0's values.
 _VIEWS = ("Identity", "Transpose", "Reshape", "Cast", "Squeeze", "Unsqueeze", "DequantizeLinear")
 # A Reshape to the table's own dims computed at run time (graphs.tie) is listed as a "View": nothing changes.
-
-
-def _label(node):
-    return node.name or (node.output[0] if node.output else node.op_type)
 
 
 def check_order(graph):
@@ -31,8 +28,8 @@ def check_order(graph):
             if not out:
                 continue
             if out in producer:
-                raise InspectError(f"tensor {out!r} is written by both {_label(nodes[producer[out]])!r} and "
-                                   f"{_label(node)!r}: not a valid ONNX graph")
+                raise InspectError(f"tensor {out!r} is written by both {label(nodes[producer[out]])!r} and "
+                                   f"{label(node)!r}: not a valid ONNX graph")
             producer[out] = i
     waiting = [0] * len(nodes)
     readers = [[] for _ in nodes]
@@ -65,7 +62,7 @@ def _cycle(nodes, producer, stuck):
     ring = path[seen[i]:]
     ops = sorted({nodes[j].op_type for j in ring})
     kind = f"{ops[0]} cycle" if len(ops) == 1 else f"cycle of {', '.join(ops)} nodes"
-    return f"{kind} through {', '.join(_label(nodes[j]) for j in reversed(ring))}: not a valid ONNX graph"
+    return f"{kind} through {', '.join(label(nodes[j]) for j in reversed(ring))}: not a valid ONNX graph"
 
 
 class Resolver:
@@ -135,19 +132,46 @@ def _entry(model, found, node, role, scales=None, bits=None, vocab=None, width=N
             "width": width, "format": _format(tensor, bits), "scales": scales, "bytes": tensor.nbytes + scale_bytes}
 
 
+def scopes(graph):
+    """[(path, body, nodes in order, producer, consumers)] for the main graph and every If / Loop / Scan body in it
+    (reading.graph_paths), each checked by check_order, a body's maps layered on its enclosing scopes' (a body reads
+    outer-scope values by name; ONNX forbids it to shadow them)."""
+    found, maps = [], {}
+    for path, parent, g in graph_paths(graph):
+        order, producer = check_order(g)
+        consumers = {}
+        for node in order:
+            for name in dict.fromkeys(node.input):
+                consumers.setdefault(name, []).append(node)
+        outer = maps.get(parent, ({}, {}))
+        maps[path] = ChainMap(producer, outer[0]), ChainMap(consumers, outer[1])
+        found.append((path, g, order) + maps[path])
+    return found
+
+
 def find_tables_and_heads(model):
-    """Tables (what a Gather or GatherBlockQuantized reads rows from, or a MatMul multiplies a OneHot of ids by) and heads (the weight of a MatMul, Gemm,
-    FusedMatMul, MatMulNBits or an integer matmul: MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul), each a
-    dict from _entry, for a checked Model; heads also say `as_table` (stored [vocab, width]); quantized ones carry
-    `quant` (a quantized.Quant: how to read their values back)."""
-    graph = model.proto.graph
-    order, producer = check_order(graph)
-    consumers = {}
-    for node in order:
-        for name in dict.fromkeys(node.input):
-            consumers.setdefault(name, []).append(node)
-    resolve = Resolver(producer, model.tensors)
+    """Tables (what a Gather or GatherBlockQuantized reads rows from, or a MatMul multiplies a OneHot of ids by) and
+    heads (the weight of a MatMul, Gemm, FusedMatMul, MatMulNBits or an integer matmul: MatMulInteger,
+    DynamicQuantizeMatMul, QLinearMatMul), each a dict from _entry, for a checked Model, in the main graph and in
+    every subgraph (an If branch of a merged decoder reads the main graph's initializers as outer-scope values):
+    each says its `graph` (scopes' path), `body` (that GraphProto) and `producer` / `consumers` (its scope's maps);
+    heads also say `as_table` (stored [vocab, width]); quantized ones carry `quant` (a quantized.Quant: how to read
+    their values back). A body's own initializers are not followed (none of the exporters tried writes any)."""
     tables, heads, seen = [], [], set()
+    for path, graph, order, producer, consumers in scopes(model.proto.graph):
+        local = {t.name for t in graph.initializer} if path != "main" else set()
+        weights = {k: v for k, v in model.tensors.items() if k not in local} if local else model.tensors
+        found_here = _find(model, order, producer, consumers, Resolver(producer, weights), seen)
+        for entry in found_here[0] + found_here[1]:
+            entry.update(graph=path, body=graph, producer=producer, consumers=consumers)
+        tables += found_here[0]
+        heads += found_here[1]
+    return tables, heads
+
+
+def _find(model, order, producer, consumers, resolve, seen):
+    """The tables and heads of one scope (find_tables_and_heads); `seen`: initializers already found as tables."""
+    tables, heads = [], []
     for node in order:
         found = resolve(node.input[0]) if node.input else None
         if node.op_type == "Gather" and len(node.input) >= 2 and found and found[0] not in seen:

@@ -1,0 +1,252 @@
+"""A model is a folder: the files a client loads together, each inspected as a file, then related across files
+(the same table stored in several of them, who reads it, what one process holding every session keeps) and
+checked against config.json's tie_word_embeddings."""
+import json
+import os
+
+from runtime.inspect import memory, sidecars
+from runtime.inspect.reading import InspectError, label
+from runtime.inspect.relations import Digests, copy_key, same_values, stored_as_table
+from runtime.resident import copies_held
+
+SUFFIXES = ("", "_fp16", "_q4", "_q4f16", "_int8", "_uint8", "_quantized", "_bnb4")  # transformers.js dtypes
+_ENCODERS = ("embed_tokens", "vision_encoder", "audio_encoder", "encoder_model")
+_TIES = ("shared", "duplicate", "transposed_duplicate")
+
+
+def client_files(folder, chosen=None):
+    """(the .onnx files a client loads together, relative to `folder`, the rule that chose them). `chosen`: the
+    names --files gave. InspectError when the folder holds none."""
+    if chosen:
+        for name in chosen:
+            path = os.path.realpath(os.path.join(folder, name))
+            if os.path.commonpath([path, os.path.realpath(folder)]) != os.path.realpath(folder):
+                raise InspectError(f"--files {name}: not inside {folder}")
+            if not os.path.isfile(path):
+                raise InspectError(f"--files {name}: no such file in {folder}")
+        return list(dict.fromkeys(chosen)), "--files"
+    genai = sidecars.genai_config(os.path.join(folder, sidecars.GENAI_CONFIG)) or {}
+    section = genai.get("model") if isinstance(genai.get("model"), dict) else {}
+    named = [part.get("filename") for part in section.values() if isinstance(part, dict)]
+    named = [n for n in named if isinstance(n, str) and n and os.path.isfile(os.path.join(folder, n))]
+    if named:
+        return list(dict.fromkeys(named)), "genai_config.json's model files"
+    if os.path.isdir(os.path.join(folder, "onnx")):
+        found = _layout(folder, "onnx")
+        if found:
+            files, suffix = found
+            return files, f"transformers.js's onnx/ layout at dtype suffix {suffix!r} (embed_tokens, encoders, decoder)"
+    found = _layout(folder, "", suffixes=("",))
+    if found:
+        files = found[0]
+        merged = any(f.endswith("decoder_model_merged.onnx") for f in files)
+        return files, ("Optimum's: the encoder and the merged decoder, as ORTModelForSeq2SeqLM opens them" if merged
+                       and any("encoder" in f for f in files) else "Optimum's merged decoder" if merged else
+                       "Optimum's split decoder pair (no merged file)")
+    every = sorted(n for n in os.listdir(folder) if n.endswith(".onnx") and os.path.isfile(os.path.join(folder, n)))
+    if not every:
+        raise InspectError(f"{folder}: no .onnx file in the folder (and no genai_config.json naming one)")
+    return every, "every .onnx file in the folder"
+
+
+def _layout(folder, sub, suffixes=SUFFIXES):
+    """([files], suffix) of an Optimum / transformers.js layout in folder/sub at the first dtype suffix it has."""
+    where = os.path.join(folder, sub)
+    for suffix in suffixes:
+        exists = lambda stem: os.path.isfile(os.path.join(where, stem + suffix + ".onnx"))
+        if exists("decoder_model_merged"):
+            decoders = ["decoder_model_merged"]
+        elif exists("decoder_model"):
+            decoders = ["decoder_model"] + (["decoder_with_past_model"] if exists("decoder_with_past_model") else [])
+        else:
+            continue
+        stems = [s for s in _ENCODERS if exists(s)] + decoders
+        return [os.path.join(sub, s + suffix + ".onnx") for s in stems], suffix
+    return None
+
+
+def config_tie(folder):
+    """(tie_word_embeddings as config.json says it, or its text_config; transformers' default True when the key is
+    absent) or None without a config."""
+    try:
+        config = json.loads(sidecars.read(os.path.join(folder, "config.json"), "config.json") or b"null")
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    for section in (config, config.get("text_config")):
+        if isinstance(section, dict) and isinstance(section.get("tie_word_embeddings"), bool):
+            return section["tie_word_embeddings"]
+    return True
+
+
+def _side(item, entry):
+    return {"file": item["file"], "name": entry["initializer"], "graph": entry.get("graph", "main")}
+
+
+def _across(a_item, a, b_item, b, digests):
+    """(relation, wasted bytes) of entries `a` and `b` from two files, or None when they are not the same values."""
+    ta, tb = a_item["model"].tensors[a["initializer"]], b_item["model"].tensors[b["initializer"]]
+    transposed = stored_as_table(a) != stored_as_table(b)
+    if ta.external is not None and ta.external == tb.external and not transposed and ta.dims == tb.dims:
+        return "shared", 0  # the same bytes of one data file (onnxruntime-genai's shared initializers)
+    if a.get("quant") or b.get("quant"):
+        return None  # two files' codes: not related across files yet (each file's own pairs still are)
+    da, db = digests[a_item["file"]](a), digests[b_item["file"]](b)
+    if da is not None and db is not None and da != db:
+        return None
+    if same_values(ta, tb, transposed=transposed):
+        return ("transposed_duplicate" if transposed else "duplicate"), b["bytes"]
+    return None
+
+
+def relate_files(items):
+    """{"pairs", "vocabulary"} across the files: `items` [{file, model, info}] (info: cli.inspect_model's)."""
+    digests = {item["file"]: Digests(item["model"]) for item in items}
+    entries = []  # (item, entry, role): every table and head, each stored tensor once per file and orientation
+    seen = set()
+    for item in items:
+        for role, found in (("lookup", item["info"]["tables"]), ("head", item["info"]["heads"])):
+            for entry in found:
+                key = (item["file"], entry["initializer"], stored_as_table(entry))
+                if key not in seen:
+                    seen.add(key)
+                    entries.append((item, entry, role))
+    parent = list(range(len(entries)))
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+    index = {(it["file"], e["initializer"]): i for i, (it, e, _) in enumerate(entries)}
+    for item in items:  # ties inside each file, as its own report found them
+        for p in item["info"]["pairs"]:
+            if p["relation"] in _TIES:
+                parent[root(index[(item["file"], p["head"])])] = root(index[(item["file"], p["table"])])
+    pairs = []
+    for i, (a_item, a, _) in enumerate(entries):
+        for j in range(i + 1, len(entries)):
+            b_item, b, _ = entries[j]
+            if a_item is b_item or (a["vocab"], a["width"]) != (b["vocab"], b["width"]):
+                continue
+            found = _across(a_item, a, b_item, b, digests)
+            if found:
+                pairs.append({"a": _side(a_item, a), "b": _side(b_item, b), "relation": found[0],
+                              "wasted_bytes": found[1]})
+                parent[root(j)] = root(i)
+    groups = {}
+    for i in range(len(entries)):
+        groups.setdefault(root(i), []).append(i)
+    vocabulary = [_group(items, [entries[i] for i in members], pairs)
+                  for members in groups.values() if any(entries[i][2] == "lookup" for i in members)]
+    return {"pairs": pairs, "vocabulary": vocabulary}
+
+
+def _group(items, members, pairs):
+    """The across-files vocabulary entry of one table and every copy of it."""
+    item, table, _ = next(m for m in members if m[2] == "lookup")
+    stored, identities = [], set()
+    for it, entry, _ in members:
+        tensor = it["model"].tensors[entry["initializer"]]
+        identity = tensor.external or (it["file"], entry["initializer"])
+        if identity not in identities:
+            identities.add(identity)
+            stored.append({"file": it["file"], "name": entry["initializer"], "bytes": entry["bytes"]})
+    readers = []
+    for it in items:
+        names = {e["initializer"] for i, e, _ in members if i is it}
+        for role, found in (("lookup", it["info"]["tables"]), ("head", it["info"]["heads"])):
+            readers += [{"file": it["file"], "node": label(e["node"]), "role": role, "graph": e.get("graph", "main")}
+                        for e in found if e["initializer"] in names]
+    sides = {(it["file"], e["initializer"]) for it, e, _ in members}
+    shared_links = sum(1 for p in pairs if p["relation"] == "shared" and (p["a"]["file"], p["a"]["name"]) in sides)
+    kind = next((v["kind"] for v in item["info"]["vocabulary"] if v["table"] == table["initializer"]), "token")
+    return {"table": table["initializer"], "file": item["file"], "graph": table.get("graph", "main"),
+            "vocab_size": table["vocab"], "width": table["width"], "format": table["format"],
+            "bytes": table["bytes"], "kind": kind, "copies_on_disk": len(stored),
+            "wasted_bytes": sum(s["bytes"] for s in stored[1:]), "stored": stored, "readers": readers,
+            "tied": any(r["role"] == "head" for r in readers), "members": members, "shared_links": shared_links}
+
+
+def held_together(group, items, measured, other_bytes):
+    """The group's `in_memory`: per setting, copies every file's session holds (summed; a data file's bytes that two
+    files name count once) and the Pss the sessions together added (measure_together)."""
+    entry = {}
+    for setting, prepacking in memory.SETTINGS.items():
+        copies = 0
+        for it in items:
+            names = [e["initializer"] for i, e, _ in group["members"] if i is it]
+            if not names:
+                continue
+            folded = [copy_key(c) for c in it["info"]["runtime_copies"]
+                      if c.get("copy_of") in names and c.get("view") != "prepacked"]
+            copies += copies_held(names + folded, it["info"]["optimized"].proto, it["info"]["prepacked"], prepacking)
+        copies -= group["shared_links"]  # one data file's bytes named by two files: mapped pages, held once
+        figures = measured.get(setting)
+        held = {"copies": copies, "resident_bytes": None, "anonymous_bytes": None, "file_bytes": None,
+                "times_table": None}
+        if figures is not None:
+            held.update(figures)
+            if group["bytes"] >= memory.RESOLUTION:
+                held["times_table"] = round((figures["resident_bytes"] - other_bytes) / group["bytes"], 2)
+        entry[setting] = held
+    return entry
+
+
+def tie_finding(group, config, items):
+    """None, "wrong_tie" (the config says untied, a head scores with the input table) or "lost_tie" (the config says
+    tied, a head of the table's shape holds other values), for a token table's group."""
+    if config is None or group["kind"] != "token":
+        return None
+    if config is False and group["tied"]:
+        return "wrong_tie"
+    if config is True and not group["tied"]:
+        heads = [h for it in items for h in it["info"]["heads"]
+                 if (h["vocab"], h["width"]) == (group["vocab_size"], group["width"])]
+        return "lost_tie" if heads else None
+    return None
+
+
+def inspect_folder(folder, scratch, limits, inspect_file, proof_past=None, chosen=None):
+    """Everything a folder's report shows: {folder, rule, items: [{file, model, info}], across: relate_files' with
+    each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. `inspect_file(path, scratch, limits,
+    proof_past)` inspects one file (cli.inspect_model); each file gets a scratch folder of its own."""
+    files, rule = client_files(folder, chosen)
+    items = []
+    for i, name in enumerate(files):
+        where = os.path.join(scratch, f"file{i}")
+        os.mkdir(where)
+        info = inspect_file(os.path.join(folder, name), where, limits, proof_past)
+        items.append({"file": name, "model": info["model"], "info": info})
+    across = relate_files(items)
+    config = config_tie(folder)
+    parts = [{"checked": it["model"].checked, "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
+             for it in items if it["info"]["rows"]]
+    together = os.path.join(scratch, "together")
+    os.mkdir(together)
+    total = sum(it["model"].file_bytes for it in items)
+    measured = memory.measure_together(parts, together, limits, total) if parts and across["vocabulary"] else {}
+    weights = sum(t.nbytes for it in items for t in it["model"].tensors.values())
+    for group in across["vocabulary"]:
+        stored = sum(s["bytes"] for s in group["stored"])
+        group["in_memory"] = held_together(group, items, measured, weights - stored)
+        group["config_tie"] = config if group["kind"] == "token" else None
+        group["tie_finding"] = tie_finding(group, config, items)
+    return {"folder": folder, "rule": rule, "items": items, "across": across, "measure_error": measured.get("error"),
+            "onnxruntime": items[0]["info"]["onnxruntime"] if items else None}
+
+
+def held_twice(info):
+    """--check for a file: whether a table is stored twice in it (a duplicate head) or held more than once by a
+    session under onnxruntime's defaults."""
+    return any(p["relation"] in ("duplicate", "transposed_duplicate") for p in info["pairs"]) or any(
+        v["tables_in_memory"] > 1 for v in info["vocabulary"])
+
+
+def folder_held_twice(result):
+    """--check for a folder: held_twice in any file, a table stored in more than one place or held more than once
+    by the client's sessions together, or a tie the config contradicts."""
+    return any(held_twice(it["info"]) for it in result["items"]) or any(
+        v["copies_on_disk"] > 1 or v["in_memory"]["defaults"]["copies"] > 1 or v["tie_finding"]
+        for v in result["across"]["vocabulary"])

@@ -1,0 +1,265 @@
+"""runtime.inspect on subgraphs and folders (issue 30): a merged decoder's If branches read the table as an outer-scope
+value; the files a client loads together are chosen by the folder's layout and related across files; a config
+whose tie_word_embeddings the graph contradicts is a finding."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from runtime.inspect.folder import client_files
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+V, D = 1000, 64  # a table large enough that onnxruntime folds and prepacks copies of it
+TABLE = np.random.default_rng(0).standard_normal((V, D)).astype(np.float32)
+OTHER = np.random.default_rng(1).standard_normal((V, D)).astype(np.float32)
+
+
+def run_inspect(*args):
+    return subprocess.run([sys.executable, "-m", "runtime.inspect", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def findings(*args):
+    done = run_inspect(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def decoder_nodes(prefix, mix, head_source="table"):
+    """A decoder step: rows of `table`, a nonlinearity, and a head reading `head_source` through a Transpose."""
+    return [helper.make_node("Gather", ["table", "ids"], [f"{prefix}x"], name=f"{prefix}gather"),
+            helper.make_node(mix, [f"{prefix}x"], [f"{prefix}h"], name=f"{prefix}mix"),
+            helper.make_node("Transpose", [head_source], [f"{prefix}t"], perm=[1, 0], name=f"{prefix}transpose"),
+            helper.make_node("MatMul", [f"{prefix}h", f"{prefix}t"], [f"{prefix}logits"], name=f"{prefix}head")]
+
+
+def logits_info(name):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["b", "s", V])
+
+
+def model(nodes, inputs, outputs, initializers):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in initializers.items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
+IDS = helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])
+
+
+def merged_decoder(head=TABLE):
+    """Optimum's merged layout: an If on use_cache_branch whose two branches each read the table from outside."""
+    branches = {f"{side}_branch": helper.make_graph(decoder_nodes(f"{side}_", mix, "head" if head is not TABLE else
+                                                                  "table"), side, [], [logits_info(f"{side}_logits")])
+                for side, mix in (("then", "Tanh"), ("else", "Sigmoid"))}
+    initializers = {"table": TABLE} if head is TABLE else {"table": TABLE, "head": head}
+    return model([helper.make_node("If", ["use_cache_branch"], ["logits"], name="optimum::if", **branches)],
+                 [IDS, helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1])],
+                 [logits_info("logits")], initializers)
+
+
+def plain_decoder():
+    return model(decoder_nodes("", "Tanh"), [IDS], [logits_info("logits")], {"table": TABLE})
+
+
+def encoder():
+    return model([helper.make_node("Gather", ["embed_tokens.weight", "ids"], ["x"], name="encoder_gather"),
+                  helper.make_node("Tanh", ["x"], ["last_hidden_state"])], [IDS],
+                 [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["b", "s", D])],
+                 {"embed_tokens.weight": TABLE})
+
+
+def folder(tmp_path, config=None, head=TABLE):
+    where = tmp_path / "export"
+    where.mkdir()
+    onnx.save(encoder(), where / "encoder_model.onnx")
+    onnx.save(merged_decoder(head), where / "decoder_model_merged.onnx")
+    if config is not None:
+        (where / "config.json").write_text(json.dumps(config))
+    return where
+
+
+# --- subgraphs ---------------------------------------------------------------------------------------------------
+
+def test_a_merged_decoder_reads_its_table_inside_both_branches(tmp_path):
+    # failed on the main before issue 30: "vocabulary: no table (no Gather ... reads rows from an initializer)"
+    onnx.save(merged_decoder(), tmp_path / "merged.onnx")
+    data = findings(tmp_path / "merged.onnx")
+    (entry,) = data["vocabulary"]
+    assert (entry["table"], entry["tied"], entry["graph"]) == ("table", True, "main/optimum::if.else_branch")
+    assert sorted(p["head_graph"] for p in data["pairs"]) == ["main/optimum::if.else_branch",
+                                                             "main/optimum::if.then_branch"]
+    # onnxruntime folds each branch's Transpose into an initializer of that branch: two transposed copies
+    folded = sorted((c["name"], c["graph"]) for c in data["runtime_copies"] if c.get("view") == "transposed")
+    assert folded == [("else_t", "main/optimum::if.else_branch"), ("then_t", "main/optimum::if.then_branch")]
+
+
+def test_a_merged_decoder_holds_more_tables_than_one_without_the_if(tmp_path):
+    """The issue's measurement: about three tables under the defaults against two for the same graph, unmerged."""
+    onnx.save(merged_decoder(), tmp_path / "merged.onnx")
+    onnx.save(plain_decoder(), tmp_path / "plain.onnx")
+    merged, plain = (findings(tmp_path / f"{n}.onnx")["vocabulary"][0]["tables_in_memory"] for n in ("merged", "plain"))
+    assert plain == 2 and merged == 3
+
+
+# --- choosing the files --------------------------------------------------------------------------------------------
+
+def touch(where, *names):
+    for name in names:
+        os.makedirs(os.path.dirname(os.path.join(where, name)), exist_ok=True)
+        open(os.path.join(where, name), "wb").close()
+
+
+@pytest.mark.parametrize("names, files, rule", [
+    (["encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx", "decoder_model_merged.onnx"],
+     ["encoder_model.onnx", "decoder_model_merged.onnx"], "the encoder and the merged decoder"),
+    (["encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"],
+     ["encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"], "split decoder pair"),
+    (["embed_tokens.onnx", "decoder_model.onnx"], ["embed_tokens.onnx", "decoder_model.onnx"], "split decoder pair"),
+    (["onnx/embed_tokens_q4.onnx", "onnx/decoder_model_merged_q4.onnx", "onnx/vision_encoder_q4.onnx",
+      "onnx/embed_tokens.onnx", "onnx/decoder_model_merged.onnx", "onnx/vision_encoder.onnx"],
+     ["onnx/embed_tokens.onnx", "onnx/vision_encoder.onnx", "onnx/decoder_model_merged.onnx"], "transformers.js"),
+    (["onnx/embed_tokens_fp16.onnx", "onnx/decoder_model_merged_fp16.onnx"],
+     ["onnx/embed_tokens_fp16.onnx", "onnx/decoder_model_merged_fp16.onnx"], "suffix '_fp16'"),
+    (["b.onnx", "a.onnx", "notes.txt"], ["a.onnx", "b.onnx"], "every .onnx file"),
+])
+def test_the_files_a_client_loads_together(names, files, rule, tmp_path):
+    touch(tmp_path, *names)
+    chosen, why = client_files(str(tmp_path))
+    assert chosen == files and rule in why
+
+
+def test_genai_config_names_the_files(tmp_path):
+    touch(tmp_path, "model.onnx", "embeds.onnx", "other.onnx")
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"filename": "model.onnx"},
+                                                                      "embedding": {"filename": "embeds.onnx"}}}))
+    assert client_files(str(tmp_path)) == (["model.onnx", "embeds.onnx"], "genai_config.json's model files")
+
+
+def test_files_outside_the_folder_are_refused(tmp_path):
+    touch(tmp_path, "export/a.onnx", "b.onnx")
+    for names in (["../b.onnx"], ["missing.onnx"]):
+        with pytest.raises(Exception, match="--files"):
+            client_files(str(tmp_path / "export"), names)
+
+
+# --- across the files ------------------------------------------------------------------------------------------------
+
+def test_the_table_in_two_files_is_one_table_stored_twice(tmp_path):
+    # failed on the main before issue 30: "...: not a regular file"
+    data = findings(folder(tmp_path, {"tie_word_embeddings": True}))
+    assert [f["path"] for f in data["files"]] == ["encoder_model.onnx", "decoder_model_merged.onnx"]
+    (pair,) = data["across_files"]["pairs"]
+    assert (pair["a"]["name"], pair["b"]["name"], pair["relation"], pair["wasted_bytes"]) == (
+        "embed_tokens.weight", "table", "duplicate", TABLE.nbytes)
+    (entry,) = data["across_files"]["vocabulary"]
+    assert (entry["copies_on_disk"], entry["wasted_bytes"], entry["tied"]) == (2, TABLE.nbytes, True)
+    assert sorted((r["file"], r["node"], r["role"]) for r in entry["readers"]) == [
+        ("decoder_model_merged.onnx", "else_gather", "lookup"), ("decoder_model_merged.onnx", "else_head", "head"),
+        ("decoder_model_merged.onnx", "then_head", "head"), ("encoder_model.onnx", "encoder_gather", "lookup")]
+    # one process, both sessions: the encoder's table, and the decoder's three (file's own count)
+    per_file = sum(f["vocabulary"][0]["tables_in_memory"] for f in data["files"])
+    assert entry["in_memory"]["defaults"]["copies"] == per_file == 4
+    assert entry["in_memory"]["defaults"]["resident_bytes"] > 0
+    assert (entry["config_tie"], entry["tie_finding"]) == (True, None)
+
+
+def test_check_exits_1_for_a_table_held_twice_and_0_once(tmp_path):
+    assert run_inspect(folder(tmp_path), "--check").returncode == 1
+    once = tmp_path / "once"
+    once.mkdir()
+    onnx.save(encoder(), once / "model.onnx")
+    done = run_inspect(once / "model.onnx", "--check")
+    assert done.returncode == 0, done.stderr
+    assert run_inspect(once, "--check").returncode == 0
+
+
+def test_a_config_that_says_untied_while_the_head_reads_the_table_is_a_wrong_tie(tmp_path):
+    where = folder(tmp_path, {"tie_word_embeddings": False})
+    (entry,) = findings(where)["across_files"]["vocabulary"]
+    assert (entry["config_tie"], entry["tie_finding"]) == (False, "wrong_tie")
+    done = run_inspect(where)
+    assert done.returncode == 0 and "WRONG TIE: config.json says tie_word_embeddings false" in done.stdout
+
+
+def test_a_config_that_says_tied_while_the_head_holds_other_values_is_a_lost_tie(tmp_path):
+    where = folder(tmp_path, {"text_config": {"vocab_size": V}}, head=OTHER)  # absent: transformers' default, tied
+    (entry,) = findings(where)["across_files"]["vocabulary"]
+    assert (entry["config_tie"], entry["tied"], entry["tie_finding"]) == (True, False, "lost_tie")
+    assert "LOST TIE" in run_inspect(where).stdout
+
+
+def test_files_chooses_and_folder_only_options_are_refused_elsewhere(tmp_path):
+    where = folder(tmp_path)
+    data = findings(where, "--files", "encoder_model.onnx")
+    assert [f["path"] for f in data["files"]] == ["encoder_model.onnx"] and data["rule"] == "--files"
+    for args in ((where / "encoder_model.onnx", "--files", "x.onnx"), (where, "--retie", tmp_path / "out"),
+                 (where / "encoder_model.onnx", "--check", "--retie", tmp_path / "o.onnx")):
+        done = run_inspect(*args)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, args
+
+
+# --- real exports (tests/fixtures/make_folder_fixtures.py) ----------------------------------------------------------
+
+FOLDERS = os.path.join(ROOT, "tests", "fixtures", "folders")
+VOCAB, WIDTH = 256, 32  # every folder fixture's
+
+
+def every_node(graph):
+    """The graph's nodes and its If branches' (a merged decoder's Gather lies in them)."""
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.HasField("g"):
+                yield from every_node(a.g)
+
+
+def copies_of_the_table(folder, files):
+    """{(file, initializer)} of every tensor in `files` holding the token table's values, as stored or transposed,
+    found here with numpy: the first [VOCAB, WIDTH] float initializer read by a Gather is the table."""
+    tensors = {f: {t.name: numpy_helper.to_array(t) for t in onnx.load(os.path.join(folder, f)).graph.initializer}
+               for f in files}
+    table = next(tensors[f][n.input[0]] for f in files for n in every_node(onnx.load(os.path.join(folder, f)).graph)
+                 if n.op_type == "Gather" and tensors[f].get(n.input[0], np.empty(0)).shape == (VOCAB, WIDTH))
+    same = lambda a: a.dtype == table.dtype and (
+        (a.shape == table.shape and np.array_equal(a.view(np.uint32), table.view(np.uint32))) or
+        (a.shape == table.shape[::-1] and np.array_equal(a.T.view(np.uint32), table.view(np.uint32))))
+    return {(f, name) for f in files for name, a in tensors[f].items() if a.ndim == 2 and same(a)}
+
+
+@pytest.mark.parametrize("name, files", [
+    ("optimum_t5", ["encoder_model.onnx", "decoder_model_merged.onnx"]),
+    ("optimum_bart", ["encoder_model.onnx", "decoder_model_merged.onnx"]),
+    ("optimum_marian", ["encoder_model.onnx", "decoder_model_merged.onnx"]),
+    ("optimum_m2m100", ["encoder_model.onnx", "decoder_model_merged.onnx"]),
+    ("optimum_whisper", ["encoder_model.onnx", "decoder_model_merged.onnx"]),
+    ("split_gpt2", ["embed_tokens.onnx", "decoder_model.onnx"]),
+])
+def test_a_shipped_folder_holds_its_table_where_the_files_say(name, files):
+    # failed on the main before issue 30: a folder was "not a regular file"
+    folder = os.path.join(FOLDERS, name)
+    data = findings(folder)
+    assert [f["path"] for f in data["files"]] == files
+    (entry,) = [v for v in data["across_files"]["vocabulary"] if v["kind"] == "token"]
+    expected = copies_of_the_table(folder, files)
+    assert {(s["file"], s["name"]) for s in entry["stored"]} == expected
+    assert (entry["copies_on_disk"], entry["wasted_bytes"]) == (len(expected), (len(expected) - 1) * VOCAB * WIDTH * 4)
+    assert entry["tied"] and (entry["config_tie"], entry["tie_finding"]) == (True, None)
+    assert {r["role"] for r in entry["readers"]} == {"lookup", "head"}
+    assert run_inspect(folder, "--check").returncode == 1  # held more than once: what --check is for
+
+
+@pytest.mark.parametrize("name, finding", [("wrong_tie_gpt2", "wrong_tie"), ("lost_tie_gpt2", "lost_tie")])
+def test_the_two_config_mismatches(name, finding):
+    folder = os.path.join(FOLDERS, name)
+    config = json.load(open(os.path.join(folder, "config.json")))["tie_word_embeddings"]
+    (entry,) = [v for v in findings(folder)["across_files"]["vocabulary"] if v["kind"] == "token"]
+    assert (entry["config_tie"], entry["tie_finding"]) == (config, finding)
+    done = run_inspect(folder, "--check")
+    assert done.returncode == 1 and f"{finding.split('_')[0].upper()} TIE" in done.stdout
