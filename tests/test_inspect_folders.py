@@ -263,3 +263,35 @@ def test_the_two_config_mismatches(name, finding):
     assert (entry["config_tie"], entry["tie_finding"]) == (config, finding)
     done = run_inspect(folder, "--check")
     assert done.returncode == 1 and f"{finding.split('_')[0].upper()} TIE" in done.stdout
+
+
+# --- retying inside If branches ----------------------------------------------------------------------------------------
+
+def test_retie_a_merged_decoder_reads_the_table_in_place_in_both_branches(tmp_path):
+    # failed on the main before issue 30 (no table found); then "found and counted, not rewritten"
+    onnx.save(merged_decoder(), tmp_path / "merged.onnx")
+    out = tmp_path / "retied.onnx"
+    done = run_inspect(tmp_path / "merged.onnx", "--retie", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert findings(out)["vocabulary"][0]["tables_in_memory"] == 1
+    import onnxruntime as ort
+    session = ort.InferenceSession(str(out))
+    ids = np.array([[0, 5, V - 1]])
+    for flag, mix in ((True, np.tanh), (False, lambda x: 1 / (1 + np.exp(-x)))):
+        (logits,) = session.run(["logits"], {"ids": ids, "use_cache_branch": np.array([flag])})
+        h = mix(TABLE[ids].astype(np.float64))  # each branch's own hidden, in float64
+        exact = h @ TABLE.T.astype(np.float64)
+        bound = D * 2.0**-24 / (1 - D * 2.0**-24) * (np.abs(h) @ np.abs(TABLE.T.astype(np.float64)))
+        assert np.all(np.abs(logits - exact) <= 2 * bound + 2.0**-23 * np.abs(exact)), flag  # h rounded too
+
+
+@pytest.mark.parametrize("name", ["optimum_t5", "optimum_whisper", "optimum_gpt2_legacy_merged"])
+def test_retie_a_real_merged_decoder_holds_one_table(name, tmp_path):
+    source = os.path.join(FOLDERS, name, "decoder_model_merged.onnx")
+    assert [v["tables_in_memory"] for v in findings(source)["vocabulary"] if v["vocab_size"] == VOCAB] == [2]
+    out = tmp_path / "decoder_model_merged.onnx"
+    done = run_inspect(source, "--retie", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    tokens = [v for v in findings(out)["vocabulary"] if v["vocab_size"] == VOCAB]
+    assert [v["tables_in_memory"] for v in tokens] == [1]
+    assert os.path.getsize(out) < os.path.getsize(source) - VOCAB * WIDTH * 4 * 0.8  # the head's copy is gone

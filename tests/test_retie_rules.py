@@ -285,7 +285,7 @@ def test_a_head_output_just_past_its_bound_fails_and_just_within_passes():
     h, t = hidden.astype(np.float64), table.astype(np.float64)
     exact = (h @ t.T).astype(np.float32)
     bound = 2 * D * U / (1 - D * U) * (np.abs(h) @ np.abs(t).T)  # the proof's: 2 gamma_w sum|h t|, computed here
-    head_of, chains, tables = {"logits": ("hidden", "table")}, {"logits": ("logits", 1.0, 0)}, {"table": table}
+    head_of, chains, tables = {"logits": ("hidden", "table")}, {"logits": [("logits", 1.0, 0)]}, {"table": table}
     at = np.unravel_index(np.argmax(bound / (np.abs(exact) + 1e-30)), exact.shape)  # rounding there: far below it
     for factor, fails in ((1.02, True), (0.98, False)):
         moved = exact.astype(np.float64)

@@ -5,26 +5,70 @@ import os
 
 import numpy as np
 import onnx
+from onnx import helper
 
 from runtime.compare.bounds import U, gamma
 from runtime.inspect.feeds import describe, shaped_feeds
 from runtime.inspect.isolated import source
-from runtime.inspect.reading import load
+from runtime.inspect.reading import graph_paths, label, load
 from runtime.inspect.shares import scalar_constant
+from runtime.inspect.walk import scopes
 from runtime.runner import Runner
 
 
 def _with_outputs(model, names):
-    """`model` also outputting `names` (the hidden vectors the heads read)."""
+    """`model` also outputting `names` (the hidden vectors the heads read), and {name: the output that shows it}. A
+    name inside an If branch (a merged decoder's head) becomes a new output of that branch and of its If node, the
+    other branch giving an empty tensor of the same type in its place: the run shows it when its branch ran."""
     present = {o.name for o in model.graph.output}
     inferred = onnx.shape_inference.infer_shapes(model)
-    known = {v.name: v for v in list(inferred.graph.value_info) + list(model.graph.input)}
+    known = {v.name: v for _, _, g in graph_paths(inferred.graph) for v in list(g.value_info) + list(g.input) +
+             list(g.output)}
+    known.update({v.name: v for v in model.graph.input})
+    branches = _branches(model.graph)
+    shown = {}
     for name in names:
-        if name not in present:
-            if name not in known:
-                raise ValueError(f"shape inference does not type {name!r}, the input of a head")
+        if name in present:
+            shown[name] = name
+            continue
+        if name not in known:
+            raise ValueError(f"shape inference does not type {name!r}, the input or output of a head")
+        homes = [b for b in branches if any(name in n.output for n in b[0].node)]
+        if not homes:  # the main graph's
             model.graph.output.append(known[name])
-    return model
+            shown[name] = name
+            continue
+        elem = known[name].type.tensor_type.elem_type
+        out = f"proof_shows_{len(shown)}_{name}"
+        for node in {id(n): n for _, n, _ in homes}.values():  # Optimum's branches may both write the name
+            if node not in model.graph.node:
+                raise ValueError(f"{name!r} lies in a branch of a branch: not shown by this proof")
+            for body, _, _ in (b for b in branches if b[1] is node):
+                if any(name in n.output for n in body.node):  # its own value
+                    body.node.append(helper.make_node("Identity", [name], [out + "_value"]))
+                else:  # the other branch: an empty tensor of the same type in its place
+                    empty = helper.make_tensor("empty", elem, [0], [])
+                    body.node.append(helper.make_node("Constant", [], [out + "_value"], value=empty))
+                body.output.append(helper.make_tensor_value_info(out + "_value", elem, None))
+            node.output.append(out)
+        model.graph.output.append(helper.make_tensor_value_info(out, elem, None))
+        shown[name] = out
+    return model, shown
+
+
+def _branches(graph):
+    """[(branch, its If node, the other branch)] for every If node of `graph` and of its branches."""
+    found, stack = [], [graph]
+    while stack:
+        g = stack.pop()
+        for node in g.node:
+            if node.op_type == "If":
+                bodies = {a.name: a.g for a in node.attribute if a.HasField("g")}
+                if {"then_branch", "else_branch"} <= set(bodies):
+                    then, other = bodies["then_branch"], bodies["else_branch"]
+                    found += [(then, node, other), (other, node, then)]
+                    stack += [then, other]
+    return found
 
 
 def _outputs(proto, folder, hidden_names, feeds):
@@ -32,10 +76,11 @@ def _outputs(proto, folder, hidden_names, feeds):
     read, on `feeds`. Its tensor data is left to onnxruntime, read from `folder`: one session at a time holds it."""
     model = onnx.ModelProto()
     model.CopyFrom(proto)
-    model = _with_outputs(model, hidden_names)
+    model, shown = _with_outputs(model, hidden_names)
     session = Runner(model, data_folder=folder).session  # onnxruntime is the judge: contrib ops are beyond
     names = [o.name for o in session.get_outputs()]      # the onnx checker
-    return dict(zip(names, session.run(names, feeds)))
+    outputs = dict(zip(names, session.run(names, feeds)))
+    return {**outputs, **{name: outputs[out] for name, out in shown.items()}}
 
 
 def _head_bound(hidden, table, chunk=1 << 24):
@@ -70,39 +115,69 @@ def prove(job):
     watched = hidden_names + sorted(h for h in head_of if h not in {o.name for o in before.proto.graph.output})
     failures = []
     for sequence in job["shape"]["lengths"]:
-        try:
-            feeds = shaped_feeds(before.proto, job["rows"], job["shape"], sequence)
-            old = _outputs(before.proto, folder, watched, feeds)
-        except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
-            raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
-                                f"({describe(dict(job['shape'], lengths=[sequence]))}): "
-                                f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:300]}") from None
-        new = _outputs(after, os.path.dirname(job["after"]), watched, feeds)
-        failures += [f"{sequence} new token(s): {f}" for f in _compare(old, new, head_of, chains, tables)]
+        for branch, feeds in _branch_feeds(before.proto, job["rows"], job["shape"], sequence):
+            try:
+                old = _outputs(before.proto, folder, watched, feeds)
+            except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
+                raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
+                                    f"({describe(dict(job['shape'], lengths=[sequence]))}{branch}): "
+                                    f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:300]}") from None
+            new = _outputs(after, os.path.dirname(job["after"]), watched, feeds)
+            old, new = (_outputs_of(run) for run in (old, new))
+            failures += [f"{sequence} new token(s){branch}: {f}" for f in _compare(old, new, head_of, chains, tables)]
     return failures
+
+
+def _branch_feeds(model, rows, shape, sequence):
+    """[(what, feeds)]: the proof's feeds, and for a merged decoder (a bool `use_cache_branch` input) the same with
+    the branch that reads no past too, so that both branches run."""
+    feeds = shaped_feeds(model, rows, shape, sequence)
+    if "use_cache_branch" not in feeds or feeds["use_cache_branch"].dtype != np.bool_:
+        return [("", feeds)]
+    return [(", use_cache_branch true", feeds),
+            (", use_cache_branch false", dict(feeds, use_cache_branch=np.zeros_like(feeds["use_cache_branch"])))]
+
+
+def _outputs_of(run):
+    """A run's graph outputs and watched values, less the outputs that only show a watched value."""
+    return {k: v for k, v in run.items() if not k.startswith("proof_shows_")}
 
 
 ULPS_PER_OP = 8  # what one float32 elementwise op adds, each side: 1/2 ulp rounding, MLAS's Tanh a few more
 
 
 def _chains(model, head_of):
-    """{output: (head output, Lipschitz constant, ops)}: each output (a graph output, or the head's own) that a
+    """{output: [(head output, Lipschitz constant, ops)]}: each output (a graph output, or the head's own) that a
     rewritten head's output reaches through elementwise ops whose change of their input is bounded by a constant
     factor: Div / Mul by a scalar constant (1/|c|, |c|), Add / Sub of one (1), Tanh and Identity (1), as the
-    soft-capped logits of Gemma2 (30 tanh(x / 30)) are."""
-    graph = model.proto.graph
-    producer = {out: node for node in graph.node for out in node.output}
-    consumers = {}
-    for node in graph.node:
-        for name in dict.fromkeys(node.input):
-            consumers.setdefault(name, []).append(node)
-    outputs = {o.name for o in graph.output}
+    soft-capped logits of Gemma2 (30 tanh(x / 30)) are; from an If branch's output on through its If node's (both
+    branches' heads then reach the same output: the run says which branch ran)."""
+    maps, branch_of, starts = {}, {}, []
+    for path, body, order, producer, consumers in scopes(model.proto.graph):
+        maps[path] = (body, producer, consumers)
+        for node in order:
+            if node.op_type == "If":
+                branch_of.update({f"{path}/{label(node)}.{a.name}": (node, path) for a in node.attribute})
+        starts += [(path, head) for head in head_of if any(head in n.output for n in order)]
     found = {}
-    for head in head_of:
+    for path, head in starts:  # each graph that writes it: Optimum's two branches may write the same name
         name, lipschitz, ops = head, 1.0, 0
-        found[head] = (head, 1.0, 0)
-        while name not in outputs:
-            readers = consumers.get(name, [])
+        if (head, 1.0, 0) not in found.setdefault(head, []):
+            found[head].append((head, 1.0, 0))
+        for _ in range(sum(len(b.node) for b, *_ in maps.values()) + len(maps)):  # each step a node or a branch
+            body, producer, consumers = maps[path]
+            outputs = [o.name for o in body.output]
+            if name in outputs:
+                if path == "main":
+                    if (head, lipschitz, ops) not in found.setdefault(name, []):
+                        found[name].append((head, lipschitz, ops))
+                    break
+                node, parent = branch_of.get(path, (None, None))
+                if node is None or len(node.output) <= outputs.index(name):
+                    break
+                name, path = node.output[outputs.index(name)], parent
+                continue
+            readers = consumers.maps[0].get(name, [])  # its own graph's readers: a branch output goes on via the If
             node = readers[0] if len(readers) == 1 and readers[0].output else None
             if node is None:
                 break
@@ -117,8 +192,6 @@ def _chains(model, head_of):
             else:
                 break
             lipschitz, ops, name = lipschitz * factor, ops + 1, node.output[0]
-        else:
-            found[name] = (head, lipschitz, ops)
     return found
 
 
@@ -128,10 +201,13 @@ def _compare(old, new, head_of, chains, tables):
     failures = []
     for name in old:
         a, b = old[name], new[name]
+        ran = [c for c in chains.get(name, []) if old[head_of[c[0]][0]].size]  # the heads whose branch ran
         if a.shape != b.shape or a.dtype != b.dtype:
             failures.append(f"output {name!r}: {a.shape} {a.dtype} became {b.shape} {b.dtype}")
-        elif name in chains:
-            head, lipschitz, ops = chains[name]
+        elif name in chains and not a.size:
+            continue  # a value of the branch that did not run: both sides show it empty
+        elif len(ran) == 1:
+            head, lipschitz, ops = ran[0]
             hidden, table = head_of[head]
             bound = lipschitz * _head_bound(old[hidden], tables[table])
             bound += ops * ULPS_PER_OP * U * (np.abs(a.astype(np.float64)) + np.abs(b))

@@ -9,7 +9,7 @@ import graphs
 from graphs.tie import unfolded_view
 from runtime.inspect import isolated, memory, sidecars
 from runtime.inspect.quantized import attribute
-from runtime.inspect.reading import InspectError, load
+from runtime.inspect.reading import InspectError, graph_paths, load
 from runtime.resident import copies_held, prepacked_copies
 from runtime.inspect.relations import copy_key, runtime_copies
 from runtime.inspect.walk import lookup_ids
@@ -30,9 +30,12 @@ def _const(graph, name, values):
 
 
 def _unique(graph, model, base):
-    """`base`, or `base` with the first number that makes it a name no tensor or node of the graph starts with
-    (so it may prefix the names of the nodes and tensors it brings)."""
-    taken = {n for node in graph.node for n in list(node.input) + list(node.output) + [node.name]} | set(model.tensors)
+    """`base`, or `base` with the first number that makes it a name no tensor or node of the model starts with, in
+    any of its graphs (so it may prefix the names of the nodes and tensors it brings, wherever they go)."""
+    taken = set(model.tensors)
+    for _, _, g in graph_paths(model.proto.graph):
+        taken.update(t.name for t in g.initializer)
+        taken.update(n for node in g.node for n in list(node.input) + list(node.output) + [node.name])
     return next(name for name in itertools.chain([base], (f"{base}{j}" for j in itertools.count()))
                 if not any(t.startswith(name) for t in taken))
 
@@ -45,13 +48,15 @@ def remedy(pair):
     table, head, relation = pair["table_entry"], pair["head_entry"], pair["relation"]
     if relation == "distinct":
         return None, None
-    if table["graph"] != "main" or head["graph"] != "main":
-        where = table["graph"] if table["graph"] != "main" else head["graph"]
-        return None, (f"read inside a subgraph ({where}): found and counted, but --retie does not rewrite If / Loop "
-                      "/ Scan bodies yet")
+    inside = [g for g in (table["graph"], head["graph"]) if g != "main"]
+    if any(not _in_branches(g) for g in inside):
+        return None, (f"read inside a Loop or Scan body ({inside[0]}): found and counted, but --retie rewrites the "
+                      "main graph and If branches only")
     if relation == "quantized_copy":
         return None, ("a quantized copy, not a tie: its values differ from the table's by rounding, so neither can "
                       "read the other's without changing the outputs")
+    if (_packed_shared(pair) or _packed_duplicate(pair)) and inside:
+        return None, f"an int4 tie inside an If branch ({inside[0]}): found and counted, not rewritten there yet"
     if _packed_shared(pair):
         return "packed_shared", None
     if _packed_duplicate(pair):
@@ -68,6 +73,12 @@ def remedy(pair):
             table["node"].op_type == "Gather" or "View" in table["views"]):
         return None, None  # already read through a run-time view: one table in memory
     return "view", None
+
+
+def _in_branches(path):
+    """Whether a graph path (reading.graph_paths) runs through If branches only, each a graph run once as a whole
+    (a Loop or Scan body runs once per iteration: a proof would have to follow its state)."""
+    return all(step.endswith((".then_branch", ".else_branch")) for step in path.split("/")[1:])
 
 
 def rewrite(model, pairs):
@@ -103,9 +114,10 @@ def rewrite(model, pairs):
                 name = rows
             if table["node"].op_type == "MatMul" and id(table["node"]) not in done:  # one_hot(ids) @ table
                 done.add(id(table["node"]))
-                table["node"].input[1] = _view(graph, model, table["node"], name, lookup_ids(table),
+                table["node"].input[1] = _view(table["body"], model, table["node"], name, lookup_ids(table),
                                                [table["vocab"], table["width"]])
-            rewritten.append(_gemm_head(graph, model, head["node"], name, table["vocab"], table["width"])
+            # in the head's own graph (an If branch reads the table and the view's constants from outside)
+            rewritten.append(_gemm_head(head["body"], model, head["node"], name, table["vocab"], table["width"])
                              + (table["initializer"], flipped, name))
     _drop_dead(graph)
     kept = {t.name for t in graph.initializer}
@@ -116,8 +128,8 @@ def _view(graph, model, node, table, anchor, dims):
     """graphs.tie's run-time view of initializer `table`, anchored on `anchor`, inserted before `node`: its name."""
     prefix = _unique(graph, model, "retie_view") + "_"
     view, constants, _ = unfolded_view(table, anchor, dims, prefix + "table", prefix)
-    for name, values in constants.items():
-        _const(graph, name, values)
+    for name, values in constants.items():  # in the main graph: a branch reads them from outside, like the table
+        _const(model.proto.graph, name, values)
     at = list(graph.node).index(node)
     for offset, n in enumerate(view):
         graph.node.insert(at + offset, n)
@@ -223,12 +235,12 @@ def _gemm_head(graph, model, node, table, vocab, width):
     at = list(graph.node).index(node)
     new = [
         helper.make_node("Shape", [hidden], [prefix + "hidden_shape"], name=prefix + "shape"),
-        helper.make_node("Slice", [prefix + "hidden_shape", _const(graph, prefix + "zero", [0]),
-                                   _const(graph, prefix + "minus_one", [-1])], [prefix + "lead_dims"],
+        helper.make_node("Slice", [prefix + "hidden_shape", _const(model.proto.graph, prefix + "zero", [0]),
+                                   _const(model.proto.graph, prefix + "minus_one", [-1])], [prefix + "lead_dims"],
                          name=prefix + "lead_dims"),
-        helper.make_node("Concat", [prefix + "lead_dims", _const(graph, prefix + "vocab", [vocab])],
+        helper.make_node("Concat", [prefix + "lead_dims", _const(model.proto.graph, prefix + "vocab", [vocab])],
                          [prefix + "logits_shape"], name=prefix + "logits_shape", axis=0),
-        helper.make_node("Reshape", [hidden, _const(graph, prefix + "rows_shape", [-1, width])], [prefix + "rows"],
+        helper.make_node("Reshape", [hidden, _const(model.proto.graph, prefix + "rows_shape", [-1, width])], [prefix + "rows"],
                          name=prefix + "flatten"),
         helper.make_node("Gemm", [prefix + "rows", table], [prefix + "logits_rows"], name=prefix + "tied_head",
                          doc_string=f"tied head: hidden @ {table}^T, read in place (retied by runtime.inspect)",
