@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 
 PROTOBUF_LIMIT = 2**31 - 1  # a serialized protobuf message cannot reach 2 GiB
-_ALIGN = 65536  # large external tensors start on allocation-granularity offsets so onnxruntime can map them
-_ALIGN_FROM = 2**20  # smaller ones are read, not mapped: 16-byte offsets, so a norm weight costs no 64 KiB slot
+ALIGN = 65536  # large external tensors start on allocation-granularity offsets so onnxruntime can map them
+ALIGN_FROM = 2**20  # smaller ones are read, not mapped: 16-byte offsets, so a norm weight costs no 64 KiB slot
 _MARGIN = 64 * 2**20  # room for everything in the model that is not a tensor
 # From this size a table goes to external data by default: onnxruntime then maps it from the file instead of
 # copying it out of the protobuf, so a session costs 0.07x the table at start rather than 1.07x (BENCHMARKS.md).
@@ -176,7 +176,7 @@ def _place(staging, targets, overwrite):
         raise
 
 
-def _large(tensor, min_bytes):
+def is_large(tensor, min_bytes):
     """A raw tensor of `min_bytes` or more, measured without copying its bytes out of the protobuf."""
     return tensor.HasField("raw_data") and _size(tensor) >= min_bytes
 
@@ -191,8 +191,8 @@ def check(model, min_bytes=1 << 20, lengths=None):
     back (a read copies the whole tensor out of the protobuf).
     """
     lengths = lengths or {}
-    shell = _without_large_tensors(model, min_bytes)
-    large = {t.name: t for t in model.graph.initializer if _large(t, min_bytes)}
+    shell = without_large_tensors(model, min_bytes)
+    large = {t.name: t for t in model.graph.initializer if is_large(t, min_bytes)}
     longest = 0
     for tensor in shell.graph.initializer:
         if tensor.name not in large:
@@ -219,18 +219,18 @@ def _write_external(model, staged, min_bytes, sources):
     """Serialize `model` with its large raw tensors, and those in `sources`, moved into `staged + ".data"`, without
     changing `model`."""
     location = os.path.basename(data_path(staged))
-    light = _without_large_tensors(model, min_bytes)
-    moved = {t.name: t for t in model.graph.initializer if _large(t, min_bytes)}
+    light = without_large_tensors(model, min_bytes)
+    moved = {t.name: t for t in model.graph.initializer if is_large(t, min_bytes)}
     with open(data_path(staged), "wb") as data:
         for tensor in light.graph.initializer:
             if tensor.name not in moved and tensor.name not in sources:
                 continue
             size = sources[tensor.name].nbytes if tensor.name in sources else len(moved[tensor.name].raw_data)
-            align = _ALIGN if size >= _ALIGN_FROM else 16
+            align = ALIGN if size >= ALIGN_FROM else 16
             offset = data.tell() + (-data.tell() % align)
             data.seek(offset)
             if tensor.name in sources:
-                _write_array(data, sources[tensor.name], tensor)
+                write_array(data, sources[tensor.name], tensor)
                 tensor.ClearField("raw_data")
                 del tensor.external_data[:]
             else:
@@ -244,7 +244,7 @@ def _write_external(model, staged, min_bytes, sources):
         f.write(light.SerializeToString())
 
 
-def _write_array(f, array, tensor, chunk=16 * 2**20):
+def write_array(f, array, tensor, chunk=16 * 2**20):
     """Write `array`'s bytes in C order, a block of leading-axis slices at a time (a view is copied one block at a
     time, never whole); it must match the shell's dims."""
     if list(array.shape) != list(tensor.dims) and array.size * array.itemsize != 0:
@@ -269,14 +269,14 @@ def _copy_fields(source, target, skip):
             setattr(target, field.name, value)
 
 
-def _without_large_tensors(model, min_bytes):
+def without_large_tensors(model, min_bytes):
     """A copy of `model` whose large initializers are empty shells (name, type, dims kept): no large copy."""
     shell = onnx.ModelProto()
     _copy_fields(model, shell, skip="graph")
     _copy_fields(model.graph, shell.graph, skip="initializer")
     for tensor in model.graph.initializer:
         copy = shell.graph.initializer.add()
-        if _large(tensor, min_bytes):
+        if is_large(tensor, min_bytes):
             copy.name, copy.data_type, copy.doc_string = tensor.name, tensor.data_type, tensor.doc_string
             copy.dims.extend(tensor.dims)
         else:

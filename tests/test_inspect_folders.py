@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime.inspect.folder import client_files
+from runtime.inspect.reading import graph_paths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, D = 1000, 64  # a table large enough that onnxruntime folds and prepacks copies of it
@@ -295,3 +296,74 @@ def test_retie_a_real_merged_decoder_holds_one_table(name, tmp_path):
     tokens = [v for v in findings(out)["vocabulary"] if v["vocab_size"] == VOCAB]
     assert [v["tables_in_memory"] for v in tokens] == [1]
     assert os.path.getsize(out) < os.path.getsize(source) - VOCAB * WIDTH * 4 * 0.8  # the head's copy is gone
+
+
+# --- retying a folder ---------------------------------------------------------------------------------------------------
+
+def external(path, name):
+    """(location, offset, length) a model file names for initializer `name`, read with onnx."""
+    (tensor,) = [t for t in onnx.load(path, load_external_data=False).graph.initializer if t.name == name]
+    info = {e.key: e.value for e in tensor.external_data}
+    return info["location"], int(info.get("offset", 0)), int(info["length"])
+
+
+def test_retie_a_folder_stores_the_table_once_for_every_file(tmp_path):
+    # failed on the main before issue 30: a folder was "not a regular file"
+    source = os.path.join(FOLDERS, "optimum_t5")
+    out = tmp_path / "retied"
+    done = run_inspect(source, "--retie", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(os.listdir(out)) == ["config.json", "decoder_model_merged.onnx", "encoder_model.onnx",
+                                       "generation_config.json", "model.data"]
+    # both files name the same bytes of the one data file, and those bytes are the export's table
+    encoder = external(out / "encoder_model.onnx", "embed_tokens.weight")
+    decoder = external(out / "decoder_model_merged.onnx", "shared.weight_merged_0")
+    assert encoder == decoder and encoder[0] == "model.data" and encoder[1] % 4096 == 0
+    table = numpy_helper.to_array(next(t for t in onnx.load(os.path.join(source, "encoder_model.onnx")).graph.initializer
+                                       if t.name == "embed_tokens.weight"))
+    stored = np.fromfile(out / "model.data", np.uint8, count=encoder[2], offset=encoder[1])
+    assert np.array_equal(stored, table.view(np.uint8).reshape(-1))
+    # nothing else in the data file is the table again, as stored or transposed
+    data = np.fromfile(out / "model.data", np.uint8)
+    assert data.tobytes().count(table.tobytes()) == 1 and table.T.copy().tobytes() not in data.tobytes()
+    (entry,) = [v for v in findings(out)["across_files"]["vocabulary"] if v["kind"] == "token"]
+    assert (entry["copies_on_disk"], entry["in_memory"]["defaults"]["copies"]) == (1, 1)
+    # the encoder, which no retie changes, gives the same bits
+    import onnxruntime as ort
+    ids = {"input_ids": np.array([[3, 17, 200, 1]]), "attention_mask": np.ones((1, 4), np.int64)}
+    before, after = (ort.InferenceSession(str(p)).run(None, ids)[0] for p in
+                     (os.path.join(source, "encoder_model.onnx"), out / "encoder_model.onnx"))
+    assert np.array_equal(before.view(np.uint32), after.view(np.uint32))
+
+
+def test_retie_a_folder_refuses_an_out_that_exists_or_lies_inside(tmp_path):
+    where = folder(tmp_path)
+    (tmp_path / "there").mkdir()
+    for out in (tmp_path / "there", where / "inside"):
+        done = run_inspect(where, "--retie", out)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, out
+    assert sorted(os.listdir(tmp_path)) == ["export", "there"] and not os.listdir(tmp_path / "there")
+
+
+def test_a_folder_whose_proof_fails_writes_nothing(tmp_path, monkeypatch, capsys):
+    from runtime.inspect import cli, retie
+    real = retie.rewrite
+
+    def off_by_a_thousandth(model, pairs):  # the rewritten head reads a table one value off
+        answer = real(model, pairs)
+        graph = model.proto.graph
+        gemms = [n for _, _, g in graph_paths(graph) for n in g.node if n.op_type == "Gemm"]
+        wrong = TABLE.copy()
+        wrong[3, 3] *= 1.001
+        graph.initializer.append(numpy_helper.from_array(wrong, "almost"))
+        for g in [a.g for n in graph.node for a in n.attribute if a.HasField("g")]:
+            for n in g.node:
+                if n.op_type == "Reshape" and n.input[0] == "table" and any(n.output[0] in m.input for m in gemms):
+                    n.input[0] = "almost"
+        return answer
+    monkeypatch.setattr(retie, "rewrite", off_by_a_thousandth)
+    out = tmp_path / "out"
+    status = cli.main([str(folder(tmp_path)), "--retie", str(out)], supervised=False)
+    printed = capsys.readouterr().out
+    assert status == 1 and "not proven, nothing written" in printed and not out.exists()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".saving")]

@@ -15,6 +15,7 @@ from runtime.inspect.relations import copy_key, relate, runtime_copies, vocabula
 from runtime.inspect.folder import folder_held_twice, held_twice, inspect_folder
 from runtime.inspect.report import as_json, folder_json, folder_report, report
 from runtime.inspect.retie import retie
+from runtime.inspect.retie_folder import retie_folder
 from runtime.inspect.walk import find_tables_and_heads, lookup_ids
 from runtime.progress import Progress
 from runtime.resident import prepacked_copies, unscoped
@@ -32,9 +33,15 @@ session.disable_prepacking=1, and the resident bytes one run adds, measured in a
 are the initializers onnxruntime's optimized model adds and the copies kernels prepack at load. The model is run
 on decoder feeds derived from it (past length at least any sliding window it declares; --proof-past overrides).
 
+A FOLDER is the files a client loads together (genai_config.json's; Optimum's encoder + merged decoder, or the
+split decoders; transformers.js's onnx/ layout at one dtype suffix; --files chooses): each file's report, then each
+table across the files (where it is stored, who reads it, what one process holding every session keeps) and
+config.json's tie_word_embeddings against the graph. Tables and heads inside If / Loop / Scan bodies count too.
+
 --retie writes OUT with each duplicated head, and each head read through a Transpose, a Gemm on its table through
 a run-time view nothing prepacks; an int4 lookup reading the head's packed codes in place; and copies
-genai_config.json (naming OUT), config and tokenizer files beside OUT. It proves the change first (heads within
+genai_config.json (naming OUT), config and tokenizer files beside OUT. For a FOLDER, OUT is a new folder: every
+file retied, all of them naming one data file that holds each table once. It proves the change first (heads within
 float32's bound, everything else bit for bit) and never overwrites. The model is untrusted: every tensor is
 checked before it is read, external data must lie inside the model's folder, and onnxruntime runs in a child
 process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole command."""
@@ -141,6 +148,20 @@ def _names(text):
     return names
 
 
+def _check_out_folder(out, model):
+    """--retie OUT for a FOLDER: a new folder, beside or anywhere but inside the model's, that can be made."""
+    if not out or os.path.lexists(out):
+        raise InspectError(f"--retie {out!r}: exists; for a folder OUT names a new folder to make (nothing is "
+                           "overwritten)" if out else "--retie needs a folder name for OUT, got ''")
+    inside = os.path.realpath(os.path.dirname(os.path.abspath(out)))
+    if os.path.commonpath([inside, os.path.realpath(model)]) == os.path.realpath(model):
+        raise InspectError(f"--retie {out}: inside the model's folder; name a folder elsewhere")
+    try:
+        graphs.storage.check_output(out, "--retie OUT")  # UTF-8, in a folder that exists and may be written
+    except ValueError as e:
+        raise InspectError(str(e)) from None
+
+
 def _check_out(out, model):
     if not out:
         raise InspectError("--retie needs a file name for OUT, got ''")
@@ -210,14 +231,12 @@ def main(argv=None, supervised=True):
         if sys.stdout is None:
             raise InspectError("standard output is closed: the report has nowhere to go")
         graphs.storage.check_utf8(args.model, "MODEL's path")
-        if os.path.isdir(args.model) and args.retie is not None:
-            raise InspectError(f"--retie {args.retie}: retying a folder is not built yet; retie one of its files")
         if args.files and not os.path.isdir(args.model):
             raise UsageError(f"{parser.prog}: error: --files chooses files of a FOLDER; {args.model} is not one")
         if args.check and args.retie is not None:
             raise UsageError(f"{parser.prog}: error: --check judges the model as it is; give it without --retie")
         if args.retie is not None:
-            _check_out(args.retie, args.model)
+            (_check_out_folder if os.path.isdir(args.model) else _check_out)(args.retie, args.model)
     except UsageError as e:
         print(e, file=sys.stderr)
         return 2
@@ -250,6 +269,9 @@ def _work(args, prog, folder):
                 sys.stdout.write(json.dumps(folder_json(result), indent=2) + "\n")
             else:
                 folder_report(result, _Clean(sys.stdout))
+            if args.retie is not None:
+                return retie_folder(result, args.retie, folder, limits, _writer(sys.stderr if args.json else sys.stdout,
+                                                                               progress))
             return 1 if args.check and folder_held_twice(result) else 0
         info = inspect_model(args.model, folder, limits, args.proof_past)
         progress.done()

@@ -306,8 +306,9 @@ def _read_inside(node):
     return names
 
 
-def retie(model, found, out_path, folder, limits, say):
-    """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven."""
+def planned(model, found, say):
+    """Rewrite `model` as remedy() says (rewrite()) and say each tie left as it is: (rewritten, sources); an
+    InspectError for an opset the rewrite cannot use."""
     if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
         raise InspectError(f"{model.path}: opset below 13; --retie rewrites with opset-13 Slice and Reshape")
     rewritten, sources = rewrite(model, found["pairs"])
@@ -315,15 +316,18 @@ def retie(model, found, out_path, folder, limits, say):
         how, why = remedy(p)
         if how is None and why is not None:
             say(f"retie: {p['table']} / {p['head']} ({p['relation']}): {why}\n")
-    if not rewritten:
-        say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
-        return 0
+    return rewritten, sources
+
+
+def proven(model, found, rewritten, sources, folder, limits):
+    """Stage the rewritten model in `folder`, prove it (isolated) and count the copies a session would hold under
+    onnxruntime's defaults: (staged path, {table now: copies held}, failures: empty when proven). InspectError
+    when the original cannot be run on the proof's feeds (nothing about the retie is known)."""
     staged = os.path.join(folder, "retied.onnx")
     limits.progress("writing the retied model to the scratch folder, to prove it")
     graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
-    rows = found["rows"]
     job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged,
-           "rewritten": rewritten, "rows": rows, "folder": folder, "shape": found["shape"]}
+           "rewritten": rewritten, "rows": found["rows"], "folder": folder, "shape": found["shape"]}
     try:
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
@@ -334,11 +338,9 @@ def retie(model, found, out_path, folder, limits, say):
         isolated.call({"kind": "optimize", "model": staged, "out": optimized, "folder": folder},
                       "optimizing the retied model", limits, model.file_bytes)
     except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
-        say(f"retie: failed, nothing written: {e}\n")
-        return 1
+        return staged, {}, [f"failed, nothing written: {e}"]
     retied, retied_optimized = load(staged), load(optimized, folder)
-    kept = sorted({final for *_, final in rewritten})
-    copies = runtime_copies(retied, retied_optimized, kept)
+    copies = runtime_copies(retied, retied_optimized, sorted({final for *_, final in rewritten}))
     prepacked = prepacked_copies(retied_optimized.proto)
     before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
     held = {}
@@ -351,17 +353,27 @@ def retie(model, found, out_path, folder, limits, say):
         if held[table] > (1 if float_table else before.get(original, 1)):
             failures.append(f"under onnxruntime's default SessionOptions a session would hold {held[table]} copies "
                             f"of {table}")
+    return staged, held, failures
+
+
+def retie(model, found, out_path, folder, limits, say):
+    """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven."""
+    rewritten, sources = planned(model, found, say)
+    if not rewritten:
+        say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
+        return 0
+    staged, held, failures = proven(model, found, rewritten, sources, folder, limits)
     if failures:
-        say(f"retie: not proven, nothing written: {failures[0]}\n")
+        say(f"retie: {failures[0]}\n" if failures[0].startswith("failed") else
+            f"retie: not proven, nothing written: {failures[0]}\n")
         return 1
-    measured = memory.measure({"model": staged}, rows, found["shape"], folder, limits, model.file_bytes)
+    measured = memory.measure({"model": staged}, found["rows"], found["shape"], folder, limits, model.file_bytes)
     limits.progress(f"writing {out_path}")
     written = graphs.save(model.proto, out_path, check=False, sources=sources)  # the model the child checked
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     size = sum(os.path.getsize(p) for p in written)
-    heads = sum(hidden is not None for _, hidden, *_ in rewritten)
-    say(f"retie: {kept} now read in place by the lookups and heads that share them ({heads} head(s) rewritten); "
-        "outputs equal on random inputs (heads within 2 gamma_w sum|a b|, the rest bit for bit)\n")
+    say(rewritten_line(rewritten))
+    before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
     for table, original in {final: original for _, _, original, _, final in rewritten}.items():
         say(f"retie: in memory under onnxruntime's default SessionOptions: {held[table]} cop"
             f"{'y' if held[table] == 1 else 'ies'} of {table} (was {before.get(original, '?')}){_growth(measured)}\n")
@@ -369,6 +381,14 @@ def retie(model, found, out_path, folder, limits, say):
     for line in sidecars.copy_beside(model.path, out_path):
         say(f"retie: {line}\n")
     return 0
+
+
+def rewritten_line(rewritten, where=""):
+    """The line that says what a proven retie rewrote (`where`: the file's name and ': ', in a folder)."""
+    kept = sorted({final for *_, final in rewritten})
+    heads = sum(hidden is not None for _, hidden, *_ in rewritten)
+    return (f"retie: {where}{kept} now read in place by the lookups and heads that share them ({heads} head(s) "
+            "rewritten); outputs equal on random inputs (heads within 2 gamma_w sum|a b|, the rest bit for bit)\n")
 
 
 def _growth(measured):

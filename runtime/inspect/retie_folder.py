@@ -1,0 +1,83 @@
+"""--retie OUT for a folder: each file the client loads is retied and proven as a file (retie.planned / proven),
+then every one of them is written into the new folder OUT with one data file they share (graphs.together: a
+table several files hold is stored there once, at one aligned offset every file names), the sidecars are copied,
+and OUT is measured again in one process holding every session."""
+import os
+
+from onnx import TensorProto
+
+from graphs.together import save_together
+from runtime.inspect import memory, sidecars
+from runtime.inspect.retie import planned, proven, rewritten_line
+from runtime.inspect.sidecars import GENAI_CONFIG
+
+DATA = "model.data"  # the one data file OUT's models share
+
+
+def retie_folder(result, out, scratch, limits, say):
+    """Retie the folder `result` describes (folder.inspect_folder) into the new folder `out`; the exit status: 0
+    written (or nothing to do), 1 a file's proof failed (nothing written)."""
+    models, changed = [], 0
+    for i, item in enumerate(result["items"]):
+        model, info, name = item["model"], item["info"], item["file"]
+        rewritten, sources = planned(model, info, lambda line: say(line.replace("retie: ", f"retie: {name}: ", 1)))
+        if rewritten:
+            where = os.path.join(scratch, f"retie{i}")
+            os.mkdir(where)
+            _, _, failures = proven(model, info, rewritten, sources, where, limits)
+            if failures:
+                say(f"retie: {name}: " + (failures[0] if failures[0].startswith("failed") else
+                                          f"not proven, nothing written: {failures[0]}") + "\n")
+                return 1
+            say(rewritten_line(rewritten, f"{name}: "))
+            changed += 1
+        else:  # as it is, its external tensors read from their files as they are written
+            sources = {t.name: model.tensors[t.name].raw() for t in model.proto.graph.initializer
+                       if t.data_location == TensorProto.EXTERNAL}
+        models.append((name, model.proto, sources))
+    stored = {v["table"]: v for v in result["across"]["vocabulary"]}
+    if not changed and all(v["copies_on_disk"] == 1 for v in stored.values()):
+        say("retie: nothing to do: every table is stored once and read in place (any left is named above)\n")
+        return 0
+    limits.progress(f"writing {out}")
+    written = save_together(models, out, DATA)
+    limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
+    before = _disk_bytes(result)
+    after = sum(os.path.getsize(p) for p in written)
+    say(f"retie: wrote {out}: {len(models)} file(s) and one {DATA} they share: {before} -> {after} bytes on disk "
+        f"(saved {before - after})\n")
+    parts = [{"model": os.path.join(out, it["file"]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
+             for it in result["items"] if it["info"]["rows"]]
+    measured = memory.measure_together(parts, scratch, limits, after) if parts else {}
+    for v in result["across"]["vocabulary"]:
+        if v["kind"] == "token" or v["copies_on_disk"] > 1:
+            _say_memory(v, measured, say)
+    decoder = next((os.path.join(result["folder"], it["file"]) for it in result["items"]
+                    if sidecars.genai_config(os.path.join(result["folder"], it["file"])) is not None), None)
+    first = decoder or os.path.join(result["folder"], result["items"][0]["file"])
+    for line in sidecars.copy_beside(first, os.path.join(out, os.path.relpath(first, result["folder"]))):
+        if not line.startswith(GENAI_CONFIG) or decoder is None:
+            say(f"retie: {line}\n")
+    return 0
+
+
+def _disk_bytes(result):
+    """The client's files and the data files they name, each data file once (two files may share one)."""
+    files = {}
+    for item in result["items"]:
+        model = item["model"]
+        files[os.path.realpath(model.path)] = model.checked["size"]
+        files.update({path: identity[2] for path, identity in model.checked["files"].items()})
+    return sum(files.values())
+
+
+def _say_memory(entry, measured, say):
+    on, off = measured.get("defaults"), measured.get("no_prepacking")
+    was = entry["in_memory"]["defaults"]
+    if on is None or was["resident_bytes"] is None:
+        say(f"retie: {entry['table']}: not measured in one process{': ' + measured['error'] if 'error' in measured else ''}\n")
+        return
+    say(f"retie: in one process holding every session, under onnxruntime's default SessionOptions: "
+        f"+{on['resident_bytes'] / 2**20:.1f} MiB Pss after a run of each (was +{was['resident_bytes'] / 2**20:.1f}; "
+        f"{off['resident_bytes'] / 2**20:.1f} with {memory.NO_PREPACKING}); {entry['table']} was held "
+        f"{was['copies']} time(s)\n")
