@@ -367,3 +367,16 @@ def test_a_folder_whose_proof_fails_writes_nothing(tmp_path, monkeypatch, capsys
     printed = capsys.readouterr().out
     assert status == 1 and "not proven, nothing written" in printed and not out.exists()
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".saving")]
+
+
+def test_static_answers_from_the_files_alone(tmp_path):
+    source = os.path.join(FOLDERS, "optimum_t5")
+    measured, static = findings(source), findings(source, "--static")
+    assert static["onnxruntime"] is None and measured["onnxruntime"]
+    assert static["across_files"]["pairs"] == measured["across_files"]["pairs"]
+    for f in static["files"]:
+        assert f["runtime_copies"] is None and all(v["tables_in_memory"] is None for v in f["vocabulary"])
+    assert [f["pairs"] for f in static["files"]] == [f["pairs"] for f in measured["files"]]
+    assert run_inspect(source, "--static", "--check").returncode == 1  # stored three times: seen on disk alone
+    done = run_inspect(source, "--static", "--retie", tmp_path / "out")
+    assert done.returncode == 2 and "without --static" in done.stderr and not (tmp_path / "out").exists()

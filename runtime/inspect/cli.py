@@ -53,11 +53,14 @@ safely, or one that cannot be proven on this machine (onnxruntime cannot run the
 or --timeout passed (one line on stderr); 130 / 143 / 129 interrupted, terminated, hung up (nothing left behind)."""
 
 
-def inspect_model(path, folder, limits=None, proof_past=None):
+def inspect_model(path, folder, limits=None, proof_past=None, static=False):
     """Everything the report shows, as one dict (the --json output plus what --retie needs).
 
     `folder` is a scratch folder for onnxruntime's optimized model; `limits` bound the isolated child;
-    `proof_past` the past length of the decoder feeds it runs the model on (default: feeds.plan's)."""
+    `proof_past` the past length of the decoder feeds it runs the model on (default: feeds.plan's); `static`:
+    from the files alone, onnxruntime never started (no runtime copies, nothing counted in memory)."""
+    if static:
+        return _from_files(path, limits or isolated.Limits(), proof_past)
     limits = limits or isolated.Limits()
     limits.progress(f"reading and checking {path}")
     path = os.path.realpath(path)  # what the child opens is what was checked: `link/..` as the OS resolves it
@@ -99,6 +102,23 @@ def inspect_model(path, folder, limits=None, proof_past=None):
             "measure_error": measured.get("error"),
             "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values()), "optimized": optimized,
             "prepacked": prepacked}
+
+
+def _from_files(path, limits, proof_past):
+    """inspect_model(static=True): what the files say, in the time it takes to read them."""
+    limits.progress(f"reading and checking {path}")
+    path = os.path.realpath(path)
+    model = load(path)
+    tables, heads = find_tables_and_heads(model)
+    pairs = relate(model, tables, heads)
+    initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
+                     "bytes": t.nbytes} for t in model.tensors.values()]
+    held = lambda names, table_bytes, other_bytes: memory.not_counted()
+    return {"model": model, "tables": tables, "heads": heads, "file_bytes": model.file_bytes,
+            "initializers": initializers, "pairs": pairs, "runtime_copies": None,
+            "rows": {lookup_ids(t): t["vocab"] for t in tables}, "shape": feeds.plan(model.proto, path, proof_past),
+            "vocabulary": vocabulary(model, tables, heads, pairs, [], held, None), "onnxruntime": None,
+            "measure_error": None, "optimized": None, "prepacked": []}
 
 
 class _Clean:
@@ -208,6 +228,9 @@ def main(argv=None, supervised=True):
                         help="exit 1 when a table is held more than once (on disk or in memory under onnxruntime's "
                              "defaults) or a tie contradicts config.json, after the report")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--static", action="store_true",
+                        help="answer from the files alone, without onnxruntime: tables, heads, pairs and the bytes on "
+                             "disk; no runtime copies, nothing counted in memory")
     parser.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table, with the sidecar files its runtime reads")
     parser.add_argument("--timeout", type=_positive, default=600.0, metavar="S",
                         help="wall-clock seconds the whole command may take, onnxruntime's steps included; past them "
@@ -233,6 +256,8 @@ def main(argv=None, supervised=True):
         graphs.storage.check_utf8(args.model, "MODEL's path")
         if args.files and not os.path.isdir(args.model):
             raise UsageError(f"{parser.prog}: error: --files chooses files of a FOLDER; {args.model} is not one")
+        if args.static and args.retie is not None:
+            raise UsageError(f"{parser.prog}: error: --retie proves its rewrite in onnxruntime; give it without --static")
         if args.check and args.retie is not None:
             raise UsageError(f"{parser.prog}: error: --check judges the model as it is; give it without --retie")
         if args.retie is not None:
@@ -263,7 +288,7 @@ def _work(args, prog, folder):
     limits = isolated.Limits(args.timeout, memory, progress, guard.committing)
     try:
         if os.path.isdir(args.model):
-            result = inspect_folder(args.model, folder, limits, inspect_model, args.proof_past, args.files)
+            result = inspect_folder(args.model, folder, limits, inspect_model, args.proof_past, args.files, args.static)
             progress.done()
             if args.json:
                 sys.stdout.write(json.dumps(folder_json(result), indent=2) + "\n")
@@ -273,7 +298,7 @@ def _work(args, prog, folder):
                 return retie_folder(result, args.retie, folder, limits, _writer(sys.stderr if args.json else sys.stdout,
                                                                                progress))
             return 1 if args.check and folder_held_twice(result) else 0
-        info = inspect_model(args.model, folder, limits, args.proof_past)
+        info = inspect_model(args.model, folder, limits, args.proof_past, args.static)
         progress.done()
         say = _writer(sys.stderr if args.json else sys.stdout, progress)
         if args.json:  # json.dumps escapes every control and non-ASCII character itself

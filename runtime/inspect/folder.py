@@ -208,16 +208,17 @@ def tie_finding(group, config, items):
     return None
 
 
-def inspect_folder(folder, scratch, limits, inspect_file, proof_past=None, chosen=None):
+def inspect_folder(folder, scratch, limits, inspect_file, proof_past=None, chosen=None, static=False):
     """Everything a folder's report shows: {folder, rule, items: [{file, model, info}], across: relate_files' with
     each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. `inspect_file(path, scratch, limits,
-    proof_past)` inspects one file (cli.inspect_model); each file gets a scratch folder of its own."""
+    proof_past, static)` inspects one file (cli.inspect_model); each file gets a scratch folder of its own; `static`:
+    onnxruntime is never started (nothing counted in memory)."""
     files, rule = client_files(folder, chosen)
     items = []
     for i, name in enumerate(files):
         where = os.path.join(scratch, f"file{i}")
         os.mkdir(where)
-        info = inspect_file(os.path.join(folder, name), where, limits, proof_past)
+        info = inspect_file(os.path.join(folder, name), where, limits, proof_past, static)
         items.append({"file": name, "model": info["model"], "info": info})
     across = relate_files(items)
     config = config_tie(folder)
@@ -226,11 +227,12 @@ def inspect_folder(folder, scratch, limits, inspect_file, proof_past=None, chose
     together = os.path.join(scratch, "together")
     os.mkdir(together)
     total = sum(it["model"].file_bytes for it in items)
-    measured = memory.measure_together(parts, together, limits, total) if parts and across["vocabulary"] else {}
+    measured = memory.measure_together(parts, together, limits, total) if parts and across["vocabulary"] and \
+        not static else {}
     weights = sum(t.nbytes for it in items for t in it["model"].tensors.values())
     for group in across["vocabulary"]:
         stored = sum(s["bytes"] for s in group["stored"])
-        group["in_memory"] = held_together(group, items, measured, weights - stored)
+        group["in_memory"] = memory.not_counted() if static else held_together(group, items, measured, weights - stored)
         group["config_tie"] = config if group["kind"] == "token" else None
         group["tie_finding"] = tie_finding(group, config, items)
     return {"folder": folder, "rule": rule, "items": items, "across": across, "measure_error": measured.get("error"),
@@ -241,12 +243,12 @@ def held_twice(info):
     """--check for a file: whether a table is stored twice in it (a duplicate head) or held more than once by a
     session under onnxruntime's defaults."""
     return any(p["relation"] in ("duplicate", "transposed_duplicate") for p in info["pairs"]) or any(
-        v["tables_in_memory"] > 1 for v in info["vocabulary"])
+        (v["tables_in_memory"] or 0) > 1 for v in info["vocabulary"])
 
 
 def folder_held_twice(result):
     """--check for a folder: held_twice in any file, a table stored in more than one place or held more than once
     by the client's sessions together, or a tie the config contradicts."""
     return any(held_twice(it["info"]) for it in result["items"]) or any(
-        v["copies_on_disk"] > 1 or v["in_memory"]["defaults"]["copies"] > 1 or v["tie_finding"]
+        v["copies_on_disk"] > 1 or (v["in_memory"]["defaults"]["copies"] or 0) > 1 or v["tie_finding"]
         for v in result["across"]["vocabulary"])

@@ -40,6 +40,12 @@ def measure_together(parts, folder, limits, model_bytes):
     return measured
 
 
+def not_counted():
+    """The `in_memory` entry of a table when onnxruntime was not run (--static): every figure null."""
+    return {setting: {"copies": None, "resident_bytes": None, "anonymous_bytes": None, "file_bytes": None,
+                      "times_table": None} for setting in SETTINGS}
+
+
 def in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured):
     """The `in_memory` entry of one table: per setting, copies counted and bytes measured, and times_table =
     (resident growth - the model's other initializers) / the table's bytes, None for a table under RESOLUTION."""

@@ -11,8 +11,9 @@ _DISTINCT_LISTED = 16  # more distinct pairs than this are counted in the text r
 def report(info, path, out):
     """The text report of `info` (cli.inspect_model) for the model at `path`, written to `out`."""
     w = out.write
-    w(f"{path}: {len(info['initializers'])} initializers, {info['file_bytes']} bytes on disk; as onnxruntime "
-      f"{info['onnxruntime']} loads and runs it\n")
+    how = (f"as onnxruntime {info['onnxruntime']} loads and runs it" if info["onnxruntime"] else
+           "from the files alone (--static: onnxruntime not run)")
+    w(f"{path}: {len(info['initializers'])} initializers, {info['file_bytes']} bytes on disk; {how}\n")
     if info["vocabulary"]:
         v = info["vocabulary"][0]
         w(f"parameters: {v['parameters_counted']}, as Hugging Face counts them: {v['parameters_what']}\n")
@@ -46,6 +47,9 @@ def report(info, path, out):
         w(f"{len(distinct)} table/head pairs of matching shape are distinct (each listed under --json)\n")
     if not info["pairs"]:
         w("no table/head pair of matching shape\n")
+    if info["runtime_copies"] is None:
+        w("runtime copies: not looked for (--static)\n")
+        return
     small = [c for c in info["runtime_copies"] if c["bytes"] < SMALL_COPY and "copy_of" not in c]
     for c in info["runtime_copies"]:
         if c in small:
@@ -99,6 +103,8 @@ def _held(entry, error, measured="MiB resident after a run"):
         return (f"+{held['resident_bytes'] / 2**20:.1f} {measured}, {held['anonymous_bytes'] / 2**20:.1f} "
                 f"anonymous and {held['file_bytes'] / 2**20:.1f} file-backed: {ratio}")
     defaults, off = entry["defaults"], entry["no_prepacking"]
+    if defaults["copies"] is None:
+        return "not counted (--static: onnxruntime not run)"
     line = (f"{_copies(defaults['copies'])} under onnxruntime's default SessionOptions ({figures(defaults)}); "
             f"{_copies(off['copies'])} with {memory.NO_PREPACKING} ({figures(off)})")
     return line + (f"; not run: {error}" if error else "")
