@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 
 import graphs
 from runtime.inspect import isolated
-from runtime.inspect.cli import inspect_model
+from runtime.inspect.examine import inspect_model
 from runtime.inspect.feeds import feeds_for
 from runtime.inspect.retie import retie
 

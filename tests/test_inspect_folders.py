@@ -200,7 +200,7 @@ def test_files_chooses_and_folder_only_options_are_refused_elsewhere(tmp_path):
     where = folder(tmp_path)
     data = findings(where, "--files", "encoder_model.onnx")
     assert [f["path"] for f in data["files"]] == ["encoder_model.onnx"] and data["rule"] == "--files"
-    for args in ((where / "encoder_model.onnx", "--files", "x.onnx"), (where, "--retie", tmp_path / "out"),
+    for args in ((where / "encoder_model.onnx", "--files", "x.onnx"),
                  (where / "encoder_model.onnx", "--check", "--retie", tmp_path / "o.onnx")):
         done = run_inspect(*args)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, args

@@ -101,7 +101,7 @@ def _across(a_item, a, b_item, b, digests):
 
 
 def relate_files(items):
-    """{"pairs", "vocabulary"} across the files: `items` [{file, model, info}] (info: cli.inspect_model's)."""
+    """{"pairs", "vocabulary"} across the files: `items` [{file, model, info}] (info: examine.inspect_model's)."""
     digests = {item["file"]: Digests(item["model"]) for item in items}
     entries = []  # (item, entry, role): every table and head, each stored tensor once per file and orientation
     seen = set()
@@ -211,7 +211,7 @@ def tie_finding(group, config, items):
 def inspect_folder(folder, scratch, limits, inspect_file, proof_past=None, chosen=None, static=False):
     """Everything a folder's report shows: {folder, rule, items: [{file, model, info}], across: relate_files' with
     each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. `inspect_file(path, scratch, limits,
-    proof_past, static)` inspects one file (cli.inspect_model); each file gets a scratch folder of its own; `static`:
+    proof_past, static)` inspects one file (examine.inspect_model); each file gets a scratch folder of its own; `static`:
     onnxruntime is never started (nothing counted in memory)."""
     files, rule = client_files(folder, chosen)
     items = []

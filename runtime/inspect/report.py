@@ -9,7 +9,7 @@ _DISTINCT_LISTED = 16  # more distinct pairs than this are counted in the text r
 
 
 def report(info, path, out):
-    """The text report of `info` (cli.inspect_model) for the model at `path`, written to `out`."""
+    """The text report of `info` (examine.inspect_model) for the model at `path`, written to `out`."""
     w = out.write
     how = (f"as onnxruntime {info['onnxruntime']} loads and runs it" if info["onnxruntime"] else
            "from the files alone (--static: onnxruntime not run)")

@@ -1,43 +1,16 @@
 """--retie: make every duplicated head read its table in a form onnxruntime keeps as one, prove it, then write."""
-import itertools
 import os
 
-import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import graphs
-from graphs.tie import unfolded_view
 from runtime.inspect import isolated, memory, sidecars
-from runtime.inspect.quantized import attribute
-from runtime.inspect.reading import InspectError, graph_paths, load
+from runtime.inspect.reading import InspectError, load
+from runtime.inspect.retie_edits import const, drop_dead, shell, unique_name, view_of
+from runtime.inspect.retie_packed import gather_head_codes, gather_packed_in_place, packed_duplicate, packed_shared
 from runtime.resident import copies_held, prepacked_copies
 from runtime.inspect.relations import copy_key, runtime_copies
 from runtime.inspect.walk import lookup_ids
-
-
-def _shell(graph, name, array):
-    """Declare initializer `name` with `array`'s type and dims; its data is written from `array` when saved."""
-    tensor = graph.initializer.add()
-    tensor.name, tensor.data_type = name, helper.np_dtype_to_tensor_dtype(array.dtype)
-    tensor.dims.extend(array.shape)
-    tensor.data_location = TensorProto.EXTERNAL
-    return array
-
-
-def _const(graph, name, values):
-    graph.initializer.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
-    return name
-
-
-def _unique(graph, model, base):
-    """`base`, or `base` with the first number that makes it a name no tensor or node of the model starts with, in
-    any of its graphs (so it may prefix the names of the nodes and tensors it brings, wherever they go)."""
-    taken = set(model.tensors)
-    for _, _, g in graph_paths(model.proto.graph):
-        taken.update(t.name for t in g.initializer)
-        taken.update(n for node in g.node for n in list(node.input) + list(node.output) + [node.name])
-    return next(name for name in itertools.chain([base], (f"{base}{j}" for j in itertools.count()))
-                if not any(t.startswith(name) for t in taken))
 
 
 def remedy(pair):
@@ -55,11 +28,11 @@ def remedy(pair):
     if relation == "quantized_copy":
         return None, ("a quantized copy, not a tie: its values differ from the table's by rounding, so neither can "
                       "read the other's without changing the outputs")
-    if (_packed_shared(pair) or _packed_duplicate(pair)) and inside:
+    if (packed_shared(pair) or packed_duplicate(pair)) and inside:
         return None, f"an int4 tie inside an If branch ({inside[0]}): found and counted, not rewritten there yet"
-    if _packed_shared(pair):
+    if packed_shared(pair):
         return "packed_shared", None
-    if _packed_duplicate(pair):
+    if packed_duplicate(pair):
         return "packed_duplicate", None
     views = table["views"] + head["views"]
     if table["format"] != "float32" or head["format"] != "float32":
@@ -98,124 +71,30 @@ def rewrite(model, pairs):
         how, _ = remedy(p)
         if how == "packed_shared" and id(table["node"]) not in done:
             done.add(id(table["node"]))
-            if _gather_packed_in_place(graph, model, table):
+            if gather_packed_in_place(graph, model, table):
                 rewritten.append((None, None, table["initializer"], False, table["initializer"]))
         elif how == "packed_duplicate" and id(table["node"]) not in done:
             done.add(id(table["node"]))
-            if _gather_head_codes(graph, model, table, head):
+            if gather_head_codes(graph, model, table, head):
                 rewritten.append((None, None, table["initializer"], False, head["initializer"]))
         elif how == "view" and id(head["node"]) not in done:
             done.add(id(head["node"]))
             name, flipped = table["initializer"], table["flips"] % 2 == 1
             if flipped:  # stored [width, vocab]: store it once as [vocab, width] and look rows up directly
-                rows = _unique(graph, model, name + "_rows")
-                sources[rows] = _shell(graph, rows, model.tensors[name].values().T)
+                rows = unique_name(graph, model, name + "_rows")
+                sources[rows] = shell(graph, rows, model.tensors[name].values().T)
                 table["node"].input[0] = rows
                 name = rows
             if table["node"].op_type == "MatMul" and id(table["node"]) not in done:  # one_hot(ids) @ table
                 done.add(id(table["node"]))
-                table["node"].input[1] = _view(table["body"], model, table["node"], name, lookup_ids(table),
+                table["node"].input[1] = view_of(table["body"], model, table["node"], name, lookup_ids(table),
                                                [table["vocab"], table["width"]])
             # in the head's own graph (an If branch reads the table and the view's constants from outside)
             rewritten.append(_gemm_head(head["body"], model, head["node"], name, table["vocab"], table["width"])
                              + (table["initializer"], flipped, name))
-    _drop_dead(graph)
+    drop_dead(graph)
     kept = {t.name for t in graph.initializer}
     return rewritten, {name: array for name, array in sources.items() if name in kept}
-
-
-def _view(graph, model, node, table, anchor, dims):
-    """graphs.tie's run-time view of initializer `table`, anchored on `anchor`, inserted before `node`: its name."""
-    prefix = _unique(graph, model, "retie_view") + "_"
-    view, constants, _ = unfolded_view(table, anchor, dims, prefix + "table", prefix)
-    for name, values in constants.items():  # in the main graph: a branch reads them from outside, like the table
-        _const(model.proto.graph, name, values)
-    at = list(graph.node).index(node)
-    for offset, n in enumerate(view):
-        graph.node.insert(at + offset, n)
-    return prefix + "table"
-
-
-def _packed_shared(pair):
-    """onnxruntime-genai's int4 tie: GatherBlockQuantized on a Reshape of the [N, blocks, blob] codes that
-    MatMulNBits reads (onnxruntime folds the Reshape into a second packed table)."""
-    table, head = pair["table_entry"], pair["head_entry"]
-    return (pair["relation"] == "shared" and table["node"].op_type == "GatherBlockQuantized"
-            and head["node"].op_type == "MatMulNBits" and table["views"] == ["Reshape"] and not head["views"]
-            and len(table["stored_dims"]) == 3)
-
-
-def _packed_duplicate(pair):
-    """onnxruntime's MatMulNBitsQuantizer with Gather quantized: GatherBlockQuantized on ONNX INT4 / UINT4 [V, D]
-    codes and MatMulNBits on the same codes and scales again in its block layout [V, blocks, blob]."""
-    table, head = pair["table_entry"], pair["head_entry"]
-    return (pair["relation"] == "duplicate" and table["node"].op_type == "GatherBlockQuantized"
-            and head["node"].op_type == "MatMulNBits" and not table["views"] and not head["views"]
-            and len(table["stored_dims"]) == 2 and len(head["stored_dims"]) == 3 and head["scales"] is not None)
-
-
-def _gather_head_codes(graph, model, table, head):
-    """Make the lookup of a _packed_duplicate read the head's codes and scales (proven to decode to the same values,
-    scale for scale): _gather_packed_in_place on them, with the head's block, bits and zero points."""
-    node = table["node"]
-    block, bits = attribute(head["node"], "block_size"), attribute(head["node"], "bits", 4)
-    if not block:
-        return False
-    blocks = head["stored_dims"][1]
-    twin = dict(table, initializer=head["initializer"], scales=head["scales"], stored_dims=head["stored_dims"],
-                padded_width=blocks * block)
-    if twin["padded_width"] == table["width"]:
-        twin.pop("padded_width")
-    del node.input[3:]  # the table's own zero points (if any) went with its codes; the head's come instead
-    if len(head["node"].input) > 3 and head["node"].input[3]:
-        node.input.append(head["node"].input[3])
-    if not _gather_packed_in_place(graph, model, twin):
-        return False
-    kept = [a for a in node.attribute if a.name not in ("block_size", "bits")]
-    del node.attribute[:]
-    node.attribute.extend(kept + [helper.make_attribute("block_size", block), helper.make_attribute("bits", bits)])
-    return True
-
-
-def _gather_packed_in_place(graph, model, table):
-    """Make GatherBlockQuantized read the [N, blocks, blob] codes themselves (no Reshape to fold): its scales
-    then need the codes' rank, [N, blocks, 1], which it reads through a run-time view of MatMulNBits' own
-    [N, blocks] ones (graphs.tie: nothing folds it into a second scales tensor), and its rows come out
-    [..., blocks, block], so one Reshape of the looked-up rows (not of the table) restores [..., width]. False
-    when the ids' rank is unknown."""
-    node = table["node"]
-    ids_rank = _rank(graph, node.input[1])
-    if ids_rank is None or table["scales"] is None:
-        return False
-    codes = table["initializer"]
-    blocks = table["stored_dims"][1]
-    scales3 = _unique(graph, model, table["scales"] + "_blocks")
-    prefix = _unique(graph, model, "retie_scales") + "_"
-    view, constants, _ = unfolded_view(table["scales"], node.input[1], [table["vocab"], blocks, 1], scales3, prefix)
-    for name, values in constants.items():
-        _const(graph, name, values)
-    at = list(graph.node).index(node)
-    for offset, n in enumerate(view):
-        graph.node.insert(at + offset, n)
-    output = node.output[0]
-    blocked = _unique(graph, model, output + "_blocks")
-    node.input[0], node.input[2], node.output[0] = codes, scales3, blocked
-    kept = [a for a in node.attribute if a.name != "quantize_axis"]
-    del node.attribute[:]
-    node.attribute.extend(kept + [helper.make_attribute("quantize_axis", 2)])
-    shape = _const(graph, _unique(graph, model, output + "_shape"),  # the padded width: the model's Slice follows
-                   [0] * ids_rank + [table.get("padded_width", table["width"])])
-    at = list(graph.node).index(node)
-    graph.node.insert(at + 1, helper.make_node("Reshape", [blocked, shape], [output], name=_unique(graph, model, "rows_of_blocks"),
-                                               doc_string="looked-up rows [..., blocks, block] -> [..., width]"))
-    return True
-
-
-def _rank(graph, name):
-    for value in list(graph.input) + list(graph.value_info):
-        if value.name == name and value.type.tensor_type.HasField("shape"):
-            return len(value.type.tensor_type.shape.dim)
-    return None
 
 
 def _gemm_head(graph, model, node, table, vocab, width):
@@ -223,8 +102,8 @@ def _gemm_head(graph, model, node, table, vocab, width):
     graphs.tie's run-time view so that onnxruntime's defaults do not prepack a second copy of it; (output,
     hidden input)."""
     hidden, output = node.input[0], node.output[0]
-    prefix = _unique(graph, model, "retie_head") + "_"
-    table = _view(graph, model, node, table, hidden, [vocab, width])
+    prefix = unique_name(graph, model, "retie_head") + "_"
+    table = view_of(graph, model, node, table, hidden, [vocab, width])
     if node.op_type in ("Gemm", "FusedMatMul"):
         kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
         del node.attribute[:]
@@ -235,12 +114,12 @@ def _gemm_head(graph, model, node, table, vocab, width):
     at = list(graph.node).index(node)
     new = [
         helper.make_node("Shape", [hidden], [prefix + "hidden_shape"], name=prefix + "shape"),
-        helper.make_node("Slice", [prefix + "hidden_shape", _const(model.proto.graph, prefix + "zero", [0]),
-                                   _const(model.proto.graph, prefix + "minus_one", [-1])], [prefix + "lead_dims"],
+        helper.make_node("Slice", [prefix + "hidden_shape", const(model.proto.graph, prefix + "zero", [0]),
+                                   const(model.proto.graph, prefix + "minus_one", [-1])], [prefix + "lead_dims"],
                          name=prefix + "lead_dims"),
-        helper.make_node("Concat", [prefix + "lead_dims", _const(model.proto.graph, prefix + "vocab", [vocab])],
+        helper.make_node("Concat", [prefix + "lead_dims", const(model.proto.graph, prefix + "vocab", [vocab])],
                          [prefix + "logits_shape"], name=prefix + "logits_shape", axis=0),
-        helper.make_node("Reshape", [hidden, _const(model.proto.graph, prefix + "rows_shape", [-1, width])], [prefix + "rows"],
+        helper.make_node("Reshape", [hidden, const(model.proto.graph, prefix + "rows_shape", [-1, width])], [prefix + "rows"],
                          name=prefix + "flatten"),
         helper.make_node("Gemm", [prefix + "rows", table], [prefix + "logits_rows"], name=prefix + "tied_head",
                          doc_string=f"tied head: hidden @ {table}^T, read in place (retied by runtime.inspect)",
@@ -252,58 +131,6 @@ def _gemm_head(graph, model, node, table, vocab, width):
     for offset, n in enumerate(new):
         graph.node.insert(at + offset, n)
     return output, hidden
-
-
-def _drop_dead(graph):
-    """Remove nodes whose outputs nobody reads (and what then feeds only them), then initializers nobody reads, in
-    `graph` and then in each body of the nodes kept. A node with a body reads what the body reads (outer-scope
-    values). Linear in nodes and edges: each node is dropped once, counting down its inputs' readers."""
-    nodes = list(graph.node)
-    inputs = [list(node.input) + sorted(_read_inside(node)) for node in nodes]
-    readers = {}
-    for names in inputs:
-        for name in names:
-            readers[name] = readers.get(name, 0) + 1
-    outputs = {o.name for o in graph.output}
-    producer = {out: i for i, node in enumerate(nodes) for out in node.output}
-
-    def unread(node):
-        return not any(readers.get(o, 0) or o in outputs for o in node.output)
-
-    dead, todo = set(), [i for i, node in enumerate(nodes) if unread(node)]
-    while todo:
-        i = todo.pop()
-        if i in dead:
-            continue
-        dead.add(i)
-        for name in inputs[i]:
-            readers[name] -= 1
-            j = producer.get(name)
-            if j is not None and j not in dead and unread(nodes[j]):
-                todo.append(j)
-    for i in sorted(dead, reverse=True):  # by index: no message is compared or copied
-        del graph.node[i]
-    read = {name for i, names in enumerate(inputs) if i not in dead for name in names} | outputs
-    for i in sorted((i for i, t in enumerate(graph.initializer) if t.name not in read), reverse=True):
-        del graph.initializer[i]
-    for node in graph.node:
-        for body in _bodies_of(node):
-            _drop_dead(body)
-
-
-def _bodies_of(node):
-    return [b for a in node.attribute for b in ([a.g] if a.HasField("g") else list(a.graphs))]
-
-
-def _read_inside(node):
-    """Every name the nodes in `node`'s bodies read, at any depth (the outer-scope values among them)."""
-    names, stack = set(), _bodies_of(node)
-    while stack:
-        body = stack.pop()
-        for inner in body.node:
-            names.update(inner.input)
-            stack += _bodies_of(inner)
-    return names
 
 
 def planned(model, found, say):

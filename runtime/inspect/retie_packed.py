@@ -1,0 +1,90 @@
+"""--retie's int4 forms: onnxruntime-genai's GatherBlockQuantized on a Reshape of MatMulNBits' packed codes, and
+onnxruntime's MatMulNBitsQuantizer writing the codes twice, each made into one lookup that reads the head's codes in
+place."""
+from onnx import helper
+
+from graphs.tie import unfolded_view
+from runtime.inspect.quantized import attribute
+from runtime.inspect.retie_edits import const, unique_name
+
+
+def packed_shared(pair):
+    """onnxruntime-genai's int4 tie: GatherBlockQuantized on a Reshape of the [N, blocks, blob] codes that
+    MatMulNBits reads (onnxruntime folds the Reshape into a second packed table)."""
+    table, head = pair["table_entry"], pair["head_entry"]
+    return (pair["relation"] == "shared" and table["node"].op_type == "GatherBlockQuantized"
+            and head["node"].op_type == "MatMulNBits" and table["views"] == ["Reshape"] and not head["views"]
+            and len(table["stored_dims"]) == 3)
+
+
+def packed_duplicate(pair):
+    """onnxruntime's MatMulNBitsQuantizer with Gather quantized: GatherBlockQuantized on ONNX INT4 / UINT4 [V, D]
+    codes and MatMulNBits on the same codes and scales again in its block layout [V, blocks, blob]."""
+    table, head = pair["table_entry"], pair["head_entry"]
+    return (pair["relation"] == "duplicate" and table["node"].op_type == "GatherBlockQuantized"
+            and head["node"].op_type == "MatMulNBits" and not table["views"] and not head["views"]
+            and len(table["stored_dims"]) == 2 and len(head["stored_dims"]) == 3 and head["scales"] is not None)
+
+
+def gather_head_codes(graph, model, table, head):
+    """Make the lookup of a _packed_duplicate read the head's codes and scales (proven to decode to the same values,
+    scale for scale): _gather_packed_in_place on them, with the head's block, bits and zero points."""
+    node = table["node"]
+    block, bits = attribute(head["node"], "block_size"), attribute(head["node"], "bits", 4)
+    if not block:
+        return False
+    blocks = head["stored_dims"][1]
+    twin = dict(table, initializer=head["initializer"], scales=head["scales"], stored_dims=head["stored_dims"],
+                padded_width=blocks * block)
+    if twin["padded_width"] == table["width"]:
+        twin.pop("padded_width")
+    del node.input[3:]  # the table's own zero points (if any) went with its codes; the head's come instead
+    if len(head["node"].input) > 3 and head["node"].input[3]:
+        node.input.append(head["node"].input[3])
+    if not gather_packed_in_place(graph, model, twin):
+        return False
+    kept = [a for a in node.attribute if a.name not in ("block_size", "bits")]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute("block_size", block), helper.make_attribute("bits", bits)])
+    return True
+
+
+def gather_packed_in_place(graph, model, table):
+    """Make GatherBlockQuantized read the [N, blocks, blob] codes themselves (no Reshape to fold): its scales
+    then need the codes' rank, [N, blocks, 1], which it reads through a run-time view of MatMulNBits' own
+    [N, blocks] ones (graphs.tie: nothing folds it into a second scales tensor), and its rows come out
+    [..., blocks, block], so one Reshape of the looked-up rows (not of the table) restores [..., width]. False
+    when the ids' rank is unknown."""
+    node = table["node"]
+    ids_rank = _rank(graph, node.input[1])
+    if ids_rank is None or table["scales"] is None:
+        return False
+    codes = table["initializer"]
+    blocks = table["stored_dims"][1]
+    scales3 = unique_name(graph, model, table["scales"] + "_blocks")
+    prefix = unique_name(graph, model, "retie_scales") + "_"
+    view, constants, _ = unfolded_view(table["scales"], node.input[1], [table["vocab"], blocks, 1], scales3, prefix)
+    for name, values in constants.items():
+        const(graph, name, values)
+    at = list(graph.node).index(node)
+    for offset, n in enumerate(view):
+        graph.node.insert(at + offset, n)
+    output = node.output[0]
+    blocked = unique_name(graph, model, output + "_blocks")
+    node.input[0], node.input[2], node.output[0] = codes, scales3, blocked
+    kept = [a for a in node.attribute if a.name != "quantize_axis"]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute("quantize_axis", 2)])
+    shape = const(graph, unique_name(graph, model, output + "_shape"),  # the padded width: the model's Slice follows
+                   [0] * ids_rank + [table.get("padded_width", table["width"])])
+    at = list(graph.node).index(node)
+    graph.node.insert(at + 1, helper.make_node("Reshape", [blocked, shape], [output], name=unique_name(graph, model, "rows_of_blocks"),
+                                               doc_string="looked-up rows [..., blocks, block] -> [..., width]"))
+    return True
+
+
+def _rank(graph, name):
+    for value in list(graph.input) + list(graph.value_info):
+        if value.name == name and value.type.tensor_type.HasField("shape"):
+            return len(value.type.tensor_type.shape.dim)
+    return None
