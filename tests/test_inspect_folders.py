@@ -380,3 +380,17 @@ def test_static_answers_from_the_files_alone(tmp_path):
     assert run_inspect(source, "--static", "--check").returncode == 1  # stored three times: seen on disk alone
     done = run_inspect(source, "--static", "--retie", tmp_path / "out")
     assert done.returncode == 2 and "without --static" in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_file_linked_from_outside_the_folder_is_refused(tmp_path):
+    onnx.save(encoder(), tmp_path / "elsewhere.onnx")
+    where = tmp_path / "export"
+    where.mkdir()
+    os.symlink(tmp_path / "elsewhere.onnx", where / "decoder_model_merged.onnx")
+    (where / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"filename": "../elsewhere.onnx"}}}))
+    for folder_path in (where,):
+        done = run_inspect(folder_path)
+        assert done.returncode == 2 and "not inside" in done.stderr and done.stderr.count("\n") == 1
+    os.remove(where / "genai_config.json")
+    done = run_inspect(where)
+    assert done.returncode == 2 and "not inside" in done.stderr

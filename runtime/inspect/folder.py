@@ -17,18 +17,25 @@ _TIES = ("shared", "duplicate", "transposed_duplicate")
 def client_files(folder, chosen=None):
     """(the .onnx files a client loads together, relative to `folder`, the rule that chose them). `chosen`: the
     names --files gave. InspectError when the folder holds none."""
+    files, rule = _chosen_by_layout(folder, chosen)
+    for name in files:  # a link or a `..` out of the folder is not one of its files, whoever names it
+        path = os.path.realpath(os.path.join(folder, name))
+        if os.path.commonpath([path, os.path.realpath(folder)]) != os.path.realpath(folder):
+            raise InspectError(f"{'--files ' if chosen else ''}{name}: not inside {folder} (a link or a path out "
+                               f"of it, named by {rule})")
+        if not os.path.isfile(path):
+            raise InspectError(f"{'--files ' if chosen else ''}{name}: no such file in {folder}")
+    return files, rule
+
+
+def _chosen_by_layout(folder, chosen):
+    """client_files' choice before its names are checked."""
     if chosen:
-        for name in chosen:
-            path = os.path.realpath(os.path.join(folder, name))
-            if os.path.commonpath([path, os.path.realpath(folder)]) != os.path.realpath(folder):
-                raise InspectError(f"--files {name}: not inside {folder}")
-            if not os.path.isfile(path):
-                raise InspectError(f"--files {name}: no such file in {folder}")
         return list(dict.fromkeys(chosen)), "--files"
     genai = sidecars.genai_config(os.path.join(folder, sidecars.GENAI_CONFIG)) or {}
     section = genai.get("model") if isinstance(genai.get("model"), dict) else {}
     named = [part.get("filename") for part in section.values() if isinstance(part, dict)]
-    named = [n for n in named if isinstance(n, str) and n and os.path.isfile(os.path.join(folder, n))]
+    named = [n for n in named if isinstance(n, str) and n and os.path.lexists(os.path.join(folder, n))]
     if named:
         return list(dict.fromkeys(named)), "genai_config.json's model files"
     if os.path.isdir(os.path.join(folder, "onnx")):
