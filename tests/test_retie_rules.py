@@ -295,3 +295,21 @@ def test_a_head_output_just_past_its_bound_fails_and_just_within_passes():
         assert abs(float(new["logits"][at]) - moved[at]) < 0.01 * bound[at]
         failures = proof._compare(old, new, head_of, chains, tables)
         assert bool(failures) == fails, (factor, failures)
+
+
+def test_retie_proves_a_head_whose_logits_get_a_constant_bias(tmp_path):
+    # failed before (Marian 58101 x 512: "output 'logits': not bit-identical"): only scalar constants were followed
+    bias = np.random.default_rng(4).standard_normal((1, V)).astype(np.float32) * 100  # large: rounding shows
+    source = save(tmp_path, "biased", [
+        helper.make_node("Gather", ["table", "ids"], ["x"]), helper.make_node("Tanh", ["x"], ["h"]),
+        helper.make_node("Reshape", ["h", "rows_shape"], ["rows"]),
+        helper.make_node("Gemm", ["rows", "head"], ["scores"], transB=1),
+        helper.make_node("Add", ["scores", "final_logits_bias"], ["logits"])],
+        {"table": TABLE, "head": TABLE.copy(), "rows_shape": np.array([-1, D], np.int64), "final_logits_bias": bias})
+    out = tmp_path / "out.onnx"
+    done = run_inspect(source, "--retie", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ids = np.arange(6).reshape(2, 3) * 41 % V
+    exact, bound = expected_logits(ids)
+    got = logits_of(out, ids).reshape(exact.shape).astype(np.float64) - bias.astype(np.float64)
+    assert np.all(np.abs(got - exact) <= 2 * bound + 2 * 2.0**-24 * (np.abs(exact) + np.abs(bias)))

@@ -149,9 +149,10 @@ ULPS_PER_OP = 8  # what one float32 elementwise op adds, each side: 1/2 ulp roun
 def _chains(model, head_of):
     """{output: [(head output, Lipschitz constant, ops)]}: each output (a graph output, or the head's own) that a
     rewritten head's output reaches through elementwise ops whose change of their input is bounded by a constant
-    factor: Div / Mul by a scalar constant (1/|c|, |c|), Add / Sub of one (1), Tanh and Identity (1), as the
-    soft-capped logits of Gemma2 (30 tanh(x / 30)) are; from an If branch's output on through its If node's (both
-    branches' heads then reach the same output: the run says which branch ran)."""
+    factor: Div / Mul by a scalar constant (1/|c|, |c|), Add / Sub of a constant of any shape (1), Tanh and Identity
+    (1), as the soft-capped logits of Gemma2 (30 tanh(x / 30)) and the biased logits of BART and Marian are; from an
+    If branch's output on through its If node's (both branches' heads then reach the same output: the run says which
+    branch ran)."""
     maps, branch_of, starts = {}, {}, []
     for path, body, order, producer, consumers in scopes(model.proto.graph):
         maps[path] = (body, producer, consumers)
@@ -183,6 +184,10 @@ def _chains(model, head_of):
                 break
             if node.op_type in ("Tanh", "Identity"):
                 factor = 1.0
+            elif node.op_type in ("Add", "Sub") and len(node.input) == 2 and name in node.input and \
+                    _constant_tensor(node.input[1] if node.input[0] == name else node.input[0], producer, model):
+                factor = 1.0  # a constant added, of any shape (BART's and Marian's final_logits_bias): the same on
+                # both sides, so the difference passes unchanged, less the rounding ULPS_PER_OP counts
             elif node.op_type in ("Div", "Mul", "Add", "Sub") and len(node.input) == 2 and name in node.input:
                 other = node.input[1] if node.input[0] == name else node.input[0]
                 c = scalar_constant(other, producer, model)
@@ -193,6 +198,12 @@ def _chains(model, head_of):
                 break
             lipschitz, ops, name = lipschitz * factor, ops + 1, node.output[0]
     return found
+
+
+def _constant_tensor(name, producer, model):
+    """Whether `name` is an initializer of the main graph or a Constant node's output: the same in both runs."""
+    node = producer.get(name)
+    return name in model.tensors or (node is not None and node.op_type == "Constant")
 
 
 def _compare(old, new, head_of, chains, tables):
