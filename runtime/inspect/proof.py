@@ -8,7 +8,7 @@ import onnx
 from onnx import helper
 
 from runtime.compare.bounds import U, gamma
-from runtime.inspect.feeds import describe, shaped_feeds
+from runtime.inspect.feeds import NoFeeds, describe, shaped_feeds
 from runtime.inspect.isolated import source
 from runtime.inspect.reading import graph_paths, label, load
 from runtime.inspect.shares import scalar_constant
@@ -115,7 +115,12 @@ def prove(job):
     watched = hidden_names + sorted(h for h in head_of if h not in {o.name for o in before.proto.graph.output})
     failures = []
     for sequence in job["shape"]["lengths"]:
-        for branch, feeds in _branch_feeds(before.proto, job["rows"], job["shape"], sequence):
+        try:
+            runs = _branch_feeds(before.proto, job["rows"], job["shape"], sequence)
+        except NoFeeds as e:  # the inputs cannot be made, so nothing can be run
+            raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
+                                f"({describe(dict(job['shape'], lengths=[sequence]))}): {e}") from None
+        for branch, feeds in runs:
             try:
                 old = _outputs(before.proto, folder, watched, feeds)
             except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
