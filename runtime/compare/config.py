@@ -7,6 +7,7 @@ import graphs
 from embed import OneLineParser
 
 MAX_VALUES = 2**26  # the reference is pure Python: 67M values is minutes of it
+MAX_K = 2**63 - 1  # the neighbours graphs' k input is an int64
 FACTORS = (2.0**-30, 2.0**30)  # a stretch factor keeps a row's float32 squares normal and finite
 
 
@@ -47,7 +48,8 @@ def parser(description=""):
     add("--seed", type=int, default=0, help="table seed; the untied head uses seed+1, hidden vectors seed+2")
     add("--ids", type=embed.parse_ids, default=[3, 3, 17], help="ids to look up (default 3,3,17)")
     add("--query", type=int, default=0, help="token whose neighbours are checked (default 0)")
-    add("--k", type=int, default=8, help="neighbours to list (default 8)")
+    add("--k", type=int, default=8, help="neighbours to list, >= 1 (default 8; above vocab-size - 1: all "
+                                          "the others)")
     add("--stretch", type=int, help="token whose row is stretched (default: the query's best dot neighbour "
                                     "that does not already lead)")
     add("--factor", type=float, help="stretch factor (default: the smallest power of two that makes it lead)")
@@ -88,7 +90,9 @@ def parse(argv=None, description=""):
             raise ValueError("--ids needs at least one id")
         embed.check_ids(args.ids + [args.query] + ([args.stretch] if args.stretch is not None else []),
                         args.vocab_size)
-        embed.check_int("k", args.k, 0)
+        if not 1 <= args.k <= MAX_K:  # 0 would check nothing; the graphs take k as an int64
+            raise ValueError(f"--k must be in [1, {MAX_K}], got {args.k} (a k above --vocab-size - 1 = "
+                             f"{args.vocab_size - 1} lists all {args.vocab_size - 1} other tokens)")
         if args.factor is not None:
             embed.check_factor(args.factor)
             if not FACTORS[0] <= args.factor <= FACTORS[1]:  # float32 squares of a stretched row stay normal

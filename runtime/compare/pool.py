@@ -6,6 +6,7 @@ computed here; while a started one runs, this process takes the last tasks still
 later), so neither process idles. No check sees any of this: the Reference and the Sessions ask it.
 """
 import multiprocessing
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 
@@ -55,11 +56,38 @@ class Pool:
         self._local.pop(key)
         return future.result()
 
-    def close(self):
-        """Stop the second process and drop what it had not done; safe to call twice."""
-        if self._executor is not None:
-            # a failed run must not leave the worker computing: end it (the executor has no public kill before 3.14)
-            for process in list(getattr(self._executor, "_processes", {}).values()):
-                process.terminate()
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+    def close(self, timeout=10.0):
+        """Stop the second process and drop what it had not done; safe to call twice. Ends within a few `timeout`s
+        whatever the worker was doing: nothing here waits on the executor's threads without a limit."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        # A failed run must not leave the worker computing: end it (the executor has no public kill before 3.14).
+        # Not by terminate() then shutdown(wait=True): a worker ended part-way through sending a result (the
+        # untied head's logits are megabytes, written in pipe-sized pieces) left the executor's manager thread in
+        # recv() waiting for the rest forever, since this process holds the result pipe's other writing end, and
+        # the join waited for that thread.
+        processes = list((getattr(executor, "_processes", None) or {}).values())
+        manager = getattr(executor, "_executor_manager_thread", None)
+        results = getattr(executor, "_result_queue", None)
+        executor.shutdown(wait=False, cancel_futures=True)  # flags it and wakes the manager; waits on nothing
+        # while the worker lives the manager's reads end: let it drop the tasks not started first, so that none it
+        # marks failed once the worker is gone is already cancelled (3.11 raises InvalidStateError in that thread;
+        # a worker that died by itself cannot be waited for: the manager may be stuck reading what it sent)
+        deadline = time.monotonic() + timeout
+        while (manager is not None and manager.is_alive() and getattr(executor, "_cancel_pending_futures", False)
+               and all(process.is_alive() for process in processes) and time.monotonic() < deadline):
+            time.sleep(0.002)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(timeout)
+            if process.exitcode is None:  # SIGTERM held off; SIGKILL cannot be
+                process.kill()
+                process.join(timeout)
+        if results is not None:  # no worker is left to write: this end closed, a read cut short ends (EOFError),
+            results._writer.close()  # which the manager takes as the pool broken, and it exits
+        if manager is not None:
+            manager.join(timeout)
+        if results is not None and (manager is None or not manager.is_alive()):
+            results._reader.close()
