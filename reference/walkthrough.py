@@ -65,7 +65,14 @@ class UsageError(Exception):
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose usage errors raise UsageError, one line (shared by the lab's commands): no usage dump for a
-    typo, and a main() called from Python returns 2 rather than exiting."""
+    typo, and a main() called from Python returns 2 rather than exiting. Started as an installed command
+    (`onnx-lab-inspect`, pyproject.toml's scripts), it names itself so in its usage and errors."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        command = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+        if command.startswith("onnx-lab-"):
+            self.prog = command
 
     def error(self, message):
         shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message)

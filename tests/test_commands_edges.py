@@ -133,3 +133,15 @@ def test_reports_are_written_atomically_with_the_users_mode(tmp_path):
     finally:
         os.umask(old)
     assert os.listdir(tmp_path) == ["r.json"]
+
+
+@pytest.mark.parametrize("module, name", [("runtime.inspect.cli", "onnx-lab-inspect"),
+                                          ("runtime.compare.cli", "onnx-lab-compare"), ("graphs.export", "onnx-lab-export")])
+def test_an_installed_command_names_itself(module, name):
+    """pyproject.toml's scripts call console() with sys.argv[0] the installed command's path."""
+    code = f"import sys; sys.argv[:] = ['/usr/local/bin/{name}', '--no-such-option']; from {module} import console; console()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith(f"{name}: error: ") and done.stderr.count("\n") == 1
+    code = f"import sys; sys.argv[:] = ['/usr/local/bin/{name}', '--help']; from {module} import console; console()"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60).stdout.startswith(f"usage: {name} ")
