@@ -8,7 +8,7 @@ test that breaks one of its functions sees the check that uses it fail, whicheve
 import importlib
 import importlib.util
 import sys
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
@@ -35,10 +35,27 @@ def _load(spec):
 _TABLES = {}  # in the second process: the reference table read once from shared memory, and its stretches
 
 
+def _attach(name):
+    """The shared memory `name`, attached without telling multiprocessing's resource tracker (before 3.13 attaching
+    registers it there too). Its creator registers it and unlinks it, unregistering it, once: a worker that opened
+    it just before the unlink registered it just after (a failed run, ending as the worker starts a pass), and the
+    tracker warned at exit of a leaked object, in four lines on stderr, and unlinked it again."""
+    try:
+        return shared_memory.SharedMemory(name=name, track=False)  # 3.13 and later
+    except TypeError:
+        pass
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args: None  # this process runs one task at a time
+    try:
+        return shared_memory.SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register
+
+
 def _table_in_worker(spec, shared, shape, stretch, factor):
     impl = _load(spec)
     if None not in _TABLES:
-        memory = shared_memory.SharedMemory(name=shared)
+        memory = _attach(shared)
         _TABLES[None] = np.ndarray(shape, np.float64, memory.buf).tolist()  # float64 round-trips them exactly
         memory.close()
     if factor not in _TABLES:
