@@ -9,26 +9,27 @@ from onnx import TensorProto, helper
 Resident = collections.namedtuple("Resident", "rss anonymous file")
 
 
-def resident():
-    """This process's resident bytes now: Resident(rss, anonymous, file) from /proc/self/status."""
+def _kib(path, keys):
+    """{key: bytes} of the `kB` lines named `keys` in a /proc file."""
     fields = {}
-    with open("/proc/self/status") as f:
+    with open(path) as f:
         for line in f:
             key, _, value = line.partition(":")
-            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            if key in keys:
                 fields[key] = int(value.split()[0]) * 1024
+    return fields
+
+
+def resident():
+    """This process's resident bytes now: Resident(rss, anonymous, file) from /proc/self/status."""
+    fields = _kib("/proc/self/status", ("VmRSS", "RssAnon", "RssFile", "RssShmem"))
     return Resident(fields["VmRSS"], fields["RssAnon"], fields["RssFile"] + fields.get("RssShmem", 0))
 
 
 def proportional():
     """This process's proportional set size now: Resident(pss, anonymous, file) from /proc/self/smaps_rollup, where
     a page mapped by several sessions (one external data file two sessions map) counts once in all."""
-    fields = {}
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("Pss", "Pss_Anon", "Pss_File", "Pss_Shmem"):
-                fields[key] = int(value.split()[0]) * 1024
+    fields = _kib("/proc/self/smaps_rollup", ("Pss", "Pss_Anon", "Pss_File", "Pss_Shmem"))
     return Resident(fields["Pss"], fields["Pss_Anon"], fields["Pss_File"] + fields.get("Pss_Shmem", 0))
 
 
@@ -60,38 +61,27 @@ def session_growth(path, feeds, prepacking=True, disabled_optimizers=(), data_fo
     external data in `data_folder`) adds to this process after loading and one run on `feeds` (its outputs
     dropped, the session still held; `disabled_optimizers`: graph transformers skipped). Meant for a fresh
     process: memory an earlier session freed to the allocator would hide part of this one's."""
+    return sessions_growth([(path, data_folder, feeds)], prepacking, disabled_optimizers, measure=resident)
+
+
+def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=proportional):
+    """{resident_bytes, anonymous_bytes, file_bytes}: what sessions on every model of `models` [(path or
+    serialized model, data folder or None, feeds)], all held at once in this process as a client holds them, add
+    after one run each, as `measure` reads it (Pss by default: pages two sessions map count once); for a fresh
+    process, like session_growth."""
     import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
 
     from runtime.runner import read_data_from
     _warm()
     gc.collect()
-    before = resident()
-    session = ort.InferenceSession(path, read_data_from(options(prepacking), data_folder),
-                                   providers=["CPUExecutionProvider"],
-                                   disabled_optimizers=set(disabled_optimizers))
-    session.run(None, feeds)
-    after = resident()
-    del session
-    return {"resident_bytes": after.rss - before.rss, "anonymous_bytes": after.anonymous - before.anonymous,
-            "file_bytes": after.file - before.file}
-
-
-def sessions_growth(models, prepacking=True):
-    """{resident_bytes, anonymous_bytes, file_bytes}: the proportional set size (Pss) that sessions on every model
-    of `models` [(path or serialized model, data folder or None, feeds)], all held at once in this process as a
-    client holds them, add after one run each; for a fresh process, like session_growth."""
-    import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
-
-    from runtime.runner import read_data_from
-    _warm()
-    gc.collect()
-    before = proportional()
+    before = measure()
     sessions = []
     for model, data_folder, feeds in models:
         sessions.append(ort.InferenceSession(model, read_data_from(options(prepacking), data_folder),
-                                             providers=["CPUExecutionProvider"]))
+                                             providers=["CPUExecutionProvider"],
+                                             disabled_optimizers=set(disabled_optimizers)))
         sessions[-1].run(None, feeds)
-    after = proportional()
+    after = measure()
     del sessions
     return {"resident_bytes": after.rss - before.rss, "anonymous_bytes": after.anonymous - before.anonymous,
             "file_bytes": after.file - before.file}

@@ -394,3 +394,20 @@ def test_a_file_linked_from_outside_the_folder_is_refused(tmp_path):
     os.remove(where / "genai_config.json")
     done = run_inspect(where)
     assert done.returncode == 2 and "not inside" in done.stderr
+
+
+def test_retie_a_split_folder_says_what_it_leaves_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    done = run_inspect(os.path.join(FOLDERS, "split_gpt2"), "--retie", out)
+    assert done.returncode == 0 and "transposed_duplicate across files): left as it is" in done.stdout
+    assert "nothing to do" in done.stdout and not out.exists()
+
+
+def test_retie_a_genai_folder_keeps_its_config_naming_the_decoder(tmp_path):
+    out = tmp_path / "out"
+    done = run_inspect(os.path.join(ROOT, "tests", "fixtures", "genai_fp32"), "--retie", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(os.listdir(out)) == ["genai_config.json", "model.data", "model.onnx"]
+    assert json.load(open(out / "genai_config.json"))["model"]["decoder"]["filename"] == "model.onnx"
+    (entry,) = [v for v in findings(out)["across_files"]["vocabulary"] if v["kind"] == "token"]
+    assert entry["in_memory"]["defaults"]["copies"] == 1

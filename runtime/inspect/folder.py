@@ -190,14 +190,7 @@ def held_together(group, items, measured, other_bytes):
                       if c.get("copy_of") in names and c.get("view") != "prepacked"]
             copies += copies_held(names + folded, it["info"]["optimized"].proto, it["info"]["prepacked"], prepacking)
         copies -= group["shared_links"]  # one data file's bytes named by two files: mapped pages, held once
-        figures = measured.get(setting)
-        held = {"copies": copies, "resident_bytes": None, "anonymous_bytes": None, "file_bytes": None,
-                "times_table": None}
-        if figures is not None:
-            held.update(figures)
-            if group["bytes"] >= memory.RESOLUTION:
-                held["times_table"] = round((figures["resident_bytes"] - other_bytes) / group["bytes"], 2)
-        entry[setting] = held
+        entry[setting] = memory.held(copies, measured.get(setting), group["bytes"], other_bytes)
     return entry
 
 

@@ -42,22 +42,21 @@ def measure_together(parts, folder, limits, model_bytes):
 
 def not_counted():
     """The `in_memory` entry of a table when onnxruntime was not run (--static): every figure null."""
-    return {setting: {"copies": None, "resident_bytes": None, "anonymous_bytes": None, "file_bytes": None,
-                      "times_table": None} for setting in SETTINGS}
+    return {setting: held(None, None, 1, 0) for setting in SETTINGS}
 
 
 def in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured):
     """The `in_memory` entry of one table: per setting, copies counted and bytes measured, and times_table =
     (resident growth - the model's other initializers) / the table's bytes, None for a table under RESOLUTION."""
-    entry = {}
-    for setting, prepacking in SETTINGS.items():
-        figures = measured.get(setting)
-        held = {"copies": copies_held(names, optimized.proto, prepacked, prepacking)}
-        if figures is None:
-            held.update(resident_bytes=None, anonymous_bytes=None, file_bytes=None, times_table=None)
-        else:
-            held.update(figures)
-            held["times_table"] = (round((figures["resident_bytes"] - other_bytes) / table_bytes, 2)
-                                   if table_bytes >= RESOLUTION else None)
-        entry[setting] = held
-    return entry
+    return {setting: held(copies_held(names, optimized.proto, prepacked, prepacking), measured.get(setting),
+                          table_bytes, other_bytes) for setting, prepacking in SETTINGS.items()}
+
+
+def held(copies, figures, table_bytes, other_bytes):
+    """One setting's entry of `in_memory`: `copies`, and the measured `figures` (None: not measured) with their
+    times_table."""
+    if figures is None:
+        return {"copies": copies, "resident_bytes": None, "anonymous_bytes": None, "file_bytes": None,
+                "times_table": None}
+    return {"copies": copies, **figures, "times_table": (round((figures["resident_bytes"] - other_bytes) / table_bytes, 2)
+                                                        if table_bytes >= RESOLUTION else None)}

@@ -35,9 +35,14 @@ def retie_folder(result, out, scratch, limits, say):
             sources = {t.name: model.tensors[t.name].raw() for t in model.proto.graph.initializer
                        if t.data_location == TensorProto.EXTERNAL}
         models.append((name, model.proto, sources))
-    stored = {v["table"]: v for v in result["across"]["vocabulary"]}
-    if not changed and all(v["copies_on_disk"] == 1 for v in stored.values()):
-        say("retie: nothing to do: every table is stored once and read in place (any left is named above)\n")
+    pairs = result["across"]["pairs"]
+    kept = {name: {t.name for t in proto.graph.initializer} for name, proto, _ in models}  # after each file's retie
+    for p in pairs:
+        if p["relation"] == "transposed_duplicate" and all(side["name"] in kept[side["file"]] for side in (p["a"], p["b"])):
+            say(f"retie: {p['a']['file']} {p['a']['name']} / {p['b']['file']} {p['b']['name']} (transposed_duplicate "
+                "across files): left as it is (a head is not yet pointed at another file's table)\n")
+    if not changed and not any(p["relation"] == "duplicate" for p in pairs):  # nothing one data file would merge
+        say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
     limits.progress(f"writing {out}")
     written = save_together(models, out, DATA)
@@ -49,15 +54,13 @@ def retie_folder(result, out, scratch, limits, say):
     parts = [{"model": os.path.join(out, it["file"]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
              for it in result["items"] if it["info"]["rows"]]
     measured = memory.measure_together(parts, scratch, limits, after) if parts else {}
-    for v in result["across"]["vocabulary"]:
-        if v["kind"] == "token" or v["copies_on_disk"] > 1:
-            _say_memory(v, measured, say)
-    decoder = next((os.path.join(result["folder"], it["file"]) for it in result["items"]
-                    if sidecars.genai_config(os.path.join(result["folder"], it["file"])) is not None), None)
-    first = decoder or os.path.join(result["folder"], result["items"][0]["file"])
-    for line in sidecars.copy_beside(first, os.path.join(out, os.path.relpath(first, result["folder"]))):
-        if not line.startswith(GENAI_CONFIG) or decoder is None:
-            say(f"retie: {line}\n")
+    _say_memory(result["across"]["vocabulary"], measured, say)
+    # the sidecars at the folder's top (config.json beside transformers.js's onnx/ too); every file keeps its name,
+    # so genai_config.json is copied naming the decoder it named
+    named = sidecars.decoder_file(sidecars.genai_config(os.path.join(result["folder"], GENAI_CONFIG)))
+    anchor = named if named in [it["file"] for it in result["items"]] else "model.onnx"
+    for line in sidecars.copy_beside(os.path.join(result["folder"], anchor), os.path.join(out, anchor)):
+        say(f"retie: {line}\n")
     return 0
 
 
@@ -71,13 +74,18 @@ def _disk_bytes(result):
     return sum(files.values())
 
 
-def _say_memory(entry, measured, say):
+def _say_memory(vocabulary, measured, say):
+    """One line: the Pss one process holding every session grew by, before and after; then each table held more
+    than once before."""
     on, off = measured.get("defaults"), measured.get("no_prepacking")
-    was = entry["in_memory"]["defaults"]
-    if on is None or was["resident_bytes"] is None:
-        say(f"retie: {entry['table']}: not measured in one process{': ' + measured['error'] if 'error' in measured else ''}\n")
+    was = next((v["in_memory"]["defaults"] for v in vocabulary), None)
+    if on is None or was is None or was["resident_bytes"] is None:
+        say(f"retie: not measured in one process{': ' + measured['error'] if 'error' in measured else ''}\n")
         return
     say(f"retie: in one process holding every session, under onnxruntime's default SessionOptions: "
         f"+{on['resident_bytes'] / 2**20:.1f} MiB Pss after a run of each (was +{was['resident_bytes'] / 2**20:.1f}; "
-        f"{off['resident_bytes'] / 2**20:.1f} with {memory.NO_PREPACKING}); {entry['table']} was held "
-        f"{was['copies']} time(s)\n")
+        f"{off['resident_bytes'] / 2**20:.1f} with {memory.NO_PREPACKING})\n")
+    for v in vocabulary:
+        if v["in_memory"]["defaults"]["copies"] > 1 or v["copies_on_disk"] > 1:
+            say(f"retie: {v['table']} was stored {v['copies_on_disk']} time(s) and held {v['in_memory']['defaults']['copies']} "
+                "time(s) before (inspect OUT counts it now)\n")

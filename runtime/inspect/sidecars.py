@@ -62,8 +62,8 @@ def copy_beside(model_path, out_path):
     source, target = os.path.dirname(os.path.abspath(model_path)), os.path.dirname(os.path.abspath(out_path))
     if os.path.realpath(source) == os.path.realpath(target):
         present = [n for n in NAMES if read(model_path, n) is not None]
-        if GENAI_CONFIG in present and _decoder_file(genai_config(model_path)) != os.path.basename(out_path):
-            return [f"{GENAI_CONFIG} names {_decoder_file(genai_config(model_path))!r}, not OUT: it is not changed; "
+        if GENAI_CONFIG in present and decoder_file(genai_config(model_path)) != os.path.basename(out_path):
+            return [f"{GENAI_CONFIG} names {decoder_file(genai_config(model_path))!r}, not OUT: it is not changed; "
                     "put OUT in a folder of its own for onnxruntime-genai to load it"]
         return []
     lines = []
@@ -73,7 +73,7 @@ def copy_beside(model_path, out_path):
             continue
         if name == GENAI_CONFIG:
             config = genai_config(model_path)
-            if config is not None and _decoder_file(config) is not None:
+            if config is not None and decoder_file(config) is not None:
                 config["model"]["decoder"]["filename"] = os.path.basename(out_path)
                 try:
                     data = (json.dumps(config, indent=4) + "\n").encode()
@@ -84,7 +84,8 @@ def copy_beside(model_path, out_path):
     return lines
 
 
-def _decoder_file(config):
+def decoder_file(config):
+    """The decoder file genai_config.json (as a dict) names, or None."""
     try:
         name = config["model"]["decoder"]["filename"]
     except (TypeError, KeyError):
