@@ -223,6 +223,15 @@ def test_compare_takes_a_negative_seed_as_the_table_does():
 
 # --- the second round -------------------------------------------------------------------------------
 
+def under_way(scratch, most=60):
+    """Wait until inspect's first onnxruntime child has its job: the work is under way, two more children to come
+    (a fixed second's sleep once let the leaner inspect finish first, exit 0)."""
+    deadline = time.monotonic() + most
+    while not any(os.path.exists(os.path.join(scratch, d, "job.json")) for d in os.listdir(scratch)) and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def start(args, tmp_path, **kwargs):
     scratch = tmp_path / "tmp"
     scratch.mkdir(exist_ok=True)
@@ -247,10 +256,7 @@ def test_two_quick_interrupts_leave_one_line_and_nothing_behind(tmp_path):
     for gap in (0.0, 0.01, 0.03, 0.05, 0.2):
         scratch, process = start([model], tmp_path, start_new_session=True,
                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        deadline = time.monotonic() + 60
-        while not os.listdir(scratch) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(1.0)
+        under_way(scratch)
         os.killpg(process.pid, signal.SIGINT)  # as `kill -INT -- -PGID` twice: the worker gets each twice
         time.sleep(gap)
         os.killpg(process.pid, signal.SIGINT)
@@ -262,12 +268,7 @@ def test_two_quick_interrupts_leave_one_line_and_nothing_behind(tmp_path):
 @pytest.mark.parametrize("sig, group", [(signal.SIGQUIT, True), (signal.SIGUSR1, False), (signal.SIGALRM, False)])
 def test_other_fatal_signals_are_one_line_and_leave_nothing(tmp_path, sig, group):
     scratch, process = start([os.path.join(FIXTURES, "genai_fp32", "model.onnx")], tmp_path, start_new_session=True)
-    deadline = time.monotonic() + 60
-    # the first onnxruntime child's job written: the work is under way, with two more children to come (a fixed
-    # sleep once let a faster inspect finish first, exit 0)
-    while not any(os.path.exists(os.path.join(scratch, d, "job.json")) for d in os.listdir(scratch)) and \
-            time.monotonic() < deadline:
-        time.sleep(0.01)
+    under_way(scratch)
     (os.killpg if group else os.kill)(process.pid, sig)
     err = process.communicate(timeout=120)[1]
     assert process.returncode > 128 and err.count("\n") == 1 and "Traceback" not in err, err

@@ -61,6 +61,7 @@ def _flush():
 _ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the worker unwinds on these and says so
 _FATAL = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)  # would end this process unannounced
 _WATCHED = {*_ENDING, *_FATAL, signal.SIGCHLD}
+SIGNALS = (*_ENDING, *_FATAL)  # every signal the command answers in one line: held off around a fork (isolated)
 
 
 def supervise(work, timeout, scratch, staging, prog, out=None):

@@ -105,10 +105,19 @@ def call(job, what, limits, model_bytes):
         guard.die_with_parent()
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT] + sys.path[1:]), TMPDIR=job["folder"])
-    child = subprocess.Popen([sys.executable, "-m", "runtime.inspect.child", path], cwd=_ROOT, env=env,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             preexec_fn=confine)
+    # Signals held off while the child is forked: one landing between fork and exec ran Python's handler in the
+    # forked copy (random's reseed at fork, confine), which printed its own "Exception ignored" lines. The child
+    # keeps them blocked (the mask survives exec): on any of them this process kills it.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, guard.SIGNALS)
     try:
+        child = subprocess.Popen([sys.executable, "-m", "runtime.inspect.child", path], cwd=_ROOT, env=env,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 preexec_fn=confine)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came meanwhile lands here, the child known
         _, err = child.communicate(timeout=limits.remaining())
     except subprocess.TimeoutExpired:
         child.kill()

@@ -244,13 +244,8 @@ def graph_paths(graph):
 def _bodies(graph, functions=()):
     """`graph`, every subgraph in it (If / Loop / Scan bodies, at any depth) and the model's `functions`' bodies,
     each once."""
-    stack = [graph, *functions]
-    while stack:
-        g = stack.pop()
-        yield g
-        for node in g.node:
-            for a in node.attribute:
-                stack += ([a.g] if a.HasField("g") else []) + list(a.graphs)
+    for root in (graph, *functions):  # a function's body holds nodes like a graph's
+        yield from (g for _, _, g in graph_paths(root))
 
 
 def _all_tensors(graph, functions=()):
