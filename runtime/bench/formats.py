@@ -90,7 +90,7 @@ def bench_formats(sizes, budget, folder):
             for key, seconds in rounds.items():
                 found[key][f"n{n}_s"] = min(seconds)
                 found[key][f"n{n}_vs_float32"] = same_round_ratio(rounds, key, "float32")
-        del runners
+        runners = None  # the sessions go before the next size (rebound, not del: the lambdas read it)
         for key, r in found.items():
             floor = r["table_bytes"] / floor_rate
             rows.append({"vocab": vocab, "width": width, "format": r["format"], "variant": r["variant"],

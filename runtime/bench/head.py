@@ -55,7 +55,7 @@ def bench_head(sizes, counts, budget, folder):
                 measured[n]["same_round"] = {k: same_round_ratio(seen, k, "numpy") for k in ("run", "run_out")}
             for name, sess in flipped.items():  # alone: a session's pool spins after its run, slowing the next
                 measured[n].update(race({name: bound_run(sess, feeds, out)}, budget / 2, rounds))
-        del runner, flipped
+        runner = flipped = None  # the sessions go before the next size (rebound, not del: the lambdas read them)
         table = None  # the 2 GiB copy goes before the next size
         second = child("numpy_matmul", vocab, width, counts, budget, rounds)
         memory = child("head_memory", path, vocab, width, max(counts))
