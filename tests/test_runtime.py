@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -112,7 +113,32 @@ def test_compare_defaults_pass_with_every_check(capsys):
     for fmt in ("float16", "bfloat16", "int8-b32", "int4-b32"):  # every format, each with its checks and figures
         assert {f"tables@{fmt}", f"gather+onehot@{fmt}", f"tied_logits@{fmt}", f"neighbors@{fmt}"} <= graphs_checked
         assert sum(f"@{fmt}" in line or f"| {fmt} " in line for line in figures) == 2, fmt
-    assert lines[-1] == f"{len(checks)} passed, 0 failed, 0 not applicable ({len(figures)} figures)"
+    assert lines[-1] == (f"{len(checks)} passed, 0 failed, 0 not applicable (of {len(checks)} checks); "
+                         f"{len(figures)} INFO lines: figures measured, not verdicts")
+    assert max(len(line) for line in lines) <= 120, max(lines, key=len)  # the claims, not the figures behind them
+    assert not any(line.startswith(" ") for line in lines)  # no claim needs a second line at the defaults
+
+
+def test_compare_verbose_shows_the_figures_behind_each_line(capsys):
+    code, out, _ = run_compare(capsys, *SMALL, "--format", "int4", "--block-size", "16", "--verbose")
+    lines = out.splitlines()
+    assert code == 0 and max(len(line) for line in lines) <= 120
+    head = next(i for i, line in enumerate(lines) if line.startswith("PASS | head") and "| tied_logits " in line)
+    under = lines[head + 1:next(i for i in range(head + 1, len(lines)) if not lines[i].startswith(" "))]
+    assert under and all(line.startswith("       ") for line in under)
+    text = " ".join(line.strip() for line in under)
+    assert "worst diff/bound" in text and "held by a session" in text
+    assert re.search(r"measured difference [0-9.e+-]+, tolerance [0-9.e+-]+$", under[-1])
+    _, quiet, _ = run_compare(capsys, *SMALL, "--format", "int4", "--block-size", "16")
+    assert "worst diff/bound" not in quiet and "measured difference" not in quiet
+
+
+def test_compare_json_keeps_the_details_the_lines_leave_out(capsys):
+    _, out, _ = run_compare(capsys, *SMALL, "--format", "float16", "--json", "-")
+    checks = json.loads(out)["checks"]
+    assert all(c["claim"] and c["detail"] and len(c["claim"]) < len(c["detail"]) for c in checks)
+    head = next(c for c in checks if c["graph"] == "tied_logits" and c["name"] == "head")
+    assert "worst diff/bound" in head["detail"] and head["diff"] <= head["tolerance"]
 
 
 def test_compare_format_list_and_bad_format(capsys):

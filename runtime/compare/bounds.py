@@ -1,4 +1,5 @@
 """What every check measures against: float32's error bounds, bit comparisons, and the Check record."""
+import textwrap
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,8 +13,14 @@ def gamma(n):
     return n * U / (1 - n * U)
 
 
+WIDTH = 120  # the report's lines, at most
+INDENT = "       "  # --verbose: the details under their check's line
+
+
 @dataclass
 class Check:
+    """One check's result. `claim` is what its report line says (the claim and, by the status, its verdict);
+    `detail` the figures behind it (--verbose, and the JSON), `diff` against `tolerance` the measured difference."""
     name: str
     graph: str
     passed: bool | None  # None: the claim does not apply to the inputs chosen
@@ -22,15 +29,27 @@ class Check:
     tolerance: float | None = None
     values: dict = field(default_factory=dict)
     info: bool = False  # a measured figure reported beside the checks (INFO), not a verdict
+    claim: str = ""  # the line's words; empty: the detail's
 
     def __post_init__(self):
         if self.passed is not None:
             self.passed = bool(self.passed)  # a numpy bool is not `False`: counted by identity, it would pass
 
     def line(self):
+        """The report line: status, check, graph and the claim, wrapped under itself past WIDTH characters."""
         status = "INFO" if self.info else {True: "PASS", False: "FAIL", None: "N/A "}[self.passed]
-        measured = "" if self.diff is None else f" | diff {self.diff:.3g} (tolerance {self.tolerance:.3g})"
-        return f"{status} | {self.name:<13} | {self.graph:<22} | {self.detail}{measured}"
+        head = f"{status} | {self.name:<13} | {self.graph:<22} | "
+        parts = textwrap.wrap(self.claim or self.detail, WIDTH - len(head), break_on_hyphens=False) or [""]
+        return "\n".join([head + parts[0]] + [" " * len(head) + part for part in parts[1:]])
+
+    def details(self):
+        """The lines --verbose prints under line(): the detail, then the measured difference and its tolerance."""
+        lines = textwrap.wrap(self.detail, WIDTH, initial_indent=INDENT, subsequent_indent=INDENT,
+                              break_on_hyphens=False) if self.claim else []
+        if self.diff is not None:
+            what = f" ({self.values['diff_is']})" if "diff_is" in self.values else ""
+            lines.append(f"{INDENT}measured difference{what} {self.diff:.3g}, tolerance {self.tolerance:.3g}")
+        return "\n".join(lines)
 
 
 def as64(values):

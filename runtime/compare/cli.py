@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 from dataclasses import asdict
 
 import onnx
@@ -11,7 +12,7 @@ import onnxruntime as ort
 
 import embed
 from graphs.storage import write_text
-from runtime.compare.bounds import U
+from runtime.compare.bounds import WIDTH, U
 from runtime.compare.config import parse
 from runtime.compare.formats import check_formats
 from runtime.compare.heads import check_self_score, check_tied, check_untied
@@ -86,7 +87,34 @@ def run_checks(config, reference, sessions, report, progress):
         for check in found:
             checks.append(check)
             print(check.line(), file=report, flush=True)
+            if (config.verbose or check.passed is False) and check.details():
+                print(check.details(), file=report, flush=True)
     return checks
+
+
+def _shown(ids, most=8):
+    """A list of ids as the header shows it: the first `most`, then how many in all."""
+    ids = list(ids)
+    return str(ids) if len(ids) <= most else "[" + ", ".join(map(str, ids[:most])) + f", ...] ({len(ids)} ids)"
+
+
+def header(config):
+    """The report's first lines: what this run checks, and with what (wrapped at the report's width)."""
+    lines = [f"embedding-onnx-lab compare: table {config.vocab} x {config.width} (vocab x width), seed {config.seed}; "
+             f"onnxruntime {ort.__version__}, onnx {onnx.__version__}",
+             f"ids {_shown(config.ids)} looked up; neighbours: {config.listed()} of token {config.query}; one line per "
+             "check" + ("" if config.verbose else " (--verbose: the figures behind each)")]
+    return "\n".join(textwrap.fill(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False) for line in lines)
+
+
+def summary(checks):
+    """(failed, the last line): the verdicts counted, and the INFO lines said for what they are."""
+    failed = sum(c.passed is False for c in checks)
+    figures = sum(c.info for c in checks)
+    skipped = sum(c.passed is None for c in checks) - figures
+    passed = len(checks) - failed - skipped - figures
+    return failed, (f"{passed} passed, {failed} failed, {skipped} not applicable (of {len(checks) - figures} checks); "
+                    f"{figures} INFO lines: figures measured, not verdicts")
 
 
 def main(argv=None, description="", impl=embed):
@@ -108,20 +136,16 @@ def main(argv=None, description="", impl=embed):
             with Reference(config, pool, impl, progress) as reference:
                 sessions = Sessions(config, folder, pool, progress)
                 progress.done()
-                print(f"embedding-onnx-lab compare: vocab {config.vocab}, width {config.width}, seed {config.seed}, "
-                      f"ids {list(config.ids)}, query {config.query}, k {config.k}; onnxruntime {ort.__version__}, "
-                      f"onnx {onnx.__version__}", file=report)
+                print(header(config), file=report)
                 checks = run_checks(config, reference, sessions, report, progress)
                 if config.export:
-                    print(f"wrote {sessions.export(config.export)} graphs to {config.export}", file=report)
+                    print(f"wrote the {sessions.export(config.export)} graphs of graphs.export to {config.export}",
+                          file=report)
         finally:
             pool.close()
             progress.done()
-    failed = sum(c.passed is False for c in checks)
-    figures = sum(c.info for c in checks)
-    skipped = sum(c.passed is None for c in checks) - figures
-    print(f"{len(checks) - failed - skipped - figures} passed, {failed} failed, {skipped} not applicable "
-          f"({figures} figures)", file=report)
+    failed, line = summary(checks)
+    print(line, file=report)
     if config.json:
         data = dict(config.as_dict(), stretch=reference.stretch, factor=reference.factor,
                     onnxruntime=ort.__version__, onnx=onnx.__version__, u=U)

@@ -27,6 +27,11 @@ class Config:
     accuracy_level: int = 4
     json: str | None = None
     export: str | None = None
+    verbose: bool = False
+
+    def listed(self):
+        """What the neighbour checks list, in words: 'top k', or every other token where k reaches vocab - 1."""
+        return f"top {self.k}" if self.k < self.vocab - 1 else f"all {self.vocab - 1} others"
 
     def block_for(self, fmt):
         """The block size `fmt` is stored with: --block-size for int8 / int4, None for the float formats."""
@@ -61,7 +66,9 @@ def parser(description=""):
         help="int8 / int4 heads (MatMulNBits): 4 (default, the fastest) quantizes the hidden vector to int8 per block "
              "too, 0 multiplies it in float32 with the decoded codes; the head is checked against that level's bound")
     add("--json", metavar="PATH|-", help="write the results as JSON ('-': standard output, the report to stderr)")
-    add("--export", metavar="DIR", help="also write the seven graphs there (never overwrites)")
+    add("--export", metavar="DIR", help="also write the seven graphs there (created if missing; never overwrites)")
+    add("--verbose", action="store_true", help="under each check's line, the figures behind it: what was measured, "
+                                               "the difference and its tolerance (a FAIL line always shows them)")
     return p
 
 
@@ -112,4 +119,4 @@ def parse(argv=None, description=""):
         p.error(str(e))
     return Config(vocab=args.vocab_size, width=args.width, seed=args.seed, ids=tuple(args.ids), query=args.query,
                   k=args.k, stretch=args.stretch, factor=args.factor, formats=formats, block_size=args.block_size,
-                  accuracy_level=args.accuracy_level, json=args.json, export=args.export)
+                  accuracy_level=args.accuracy_level, json=args.json, export=args.export, verbose=args.verbose)

@@ -56,44 +56,62 @@ def check_formats(config, reference, sessions):
 
 
 def _one_format(config, reference, sessions, fmt, block_size):
-    impl, vocab, width, tag = reference.embed, config.vocab, config.width, fmt + (f"-b{block_size}" if block_size else "")
+    impl, tag = reference.embed, fmt + (f"-b{block_size}" if block_size else "")
     ids, table32 = list(config.ids), reference.table32
     picked = reference_rows(config, reference)
     at = {row: i for i, row in enumerate(picked)}
     codes, scales = impl.quantize([reference.table[r] for r in picked], fmt, block_size)
     decoded = impl.dequantize(codes, scales, fmt, block_size)  # the truth at this format, for those rows
-    decoded64 = np.asarray(decoded, np.float64)
-    sampled = "" if len(picked) == vocab else f" ({len(picked)} sampled rows)"
-    graph = lambda name: f"{name}@{tag}"
     models = {name: sessions.model_at(name, table32, fmt, block_size)
               for name in ("gather_lookup", "onehot_lookup", "tied_logits")}
+    bytes_check, want = _bytes(config, reference, sessions, models, fmt, block_size, tag)
+    rows = [decoded[at[i]] for i in ids]
+    bad = {name: differing(sessions.runner(f"{name}@{tag}", models[name]).run({"ids": [ids]})["embeddings"][0], rows)
+           for name in ("gather_lookup", "onehot_lookup")}
+    checks = [bytes_check, Check(
+        "lookup", f"gather+onehot@{tag}", not any(bad.values()),
+        f"Gather and OneHot+MatMul rows == embed.dequantize rows bit for bit ({bad['gather_lookup']} and "
+        f"{bad['onehot_lookup']} of {len(rows) * config.width} differ)", float(any(bad.values())), 0.0,
+        {"differing": bad}, claim="Gather and OneHot+MatMul rows == embed.dequantize's, bit for bit")]
+    decoded64 = np.asarray(decoded, np.float64)
+    head, logits, level = _head(config, reference, sessions, models["tied_logits"], decoded64, picked, block_size, tag)
+    checks += [head, _memory(sessions, f"tied_logits@{tag}", config.vocab, want)]
+    stretch = reference.stretch
+    checks.append(_stretch(config, reference, sessions, fmt, block_size, codes[at[stretch]],
+                           scales and scales[at[stretch]], tag))
+    checks += _figures(config, reference, sessions, fmt, block_size, decoded64 - reference.table64[picked], logits,
+                       level, tag)
+    return checks
+
+
+def _bytes(config, reference, sessions, models, fmt, block_size, tag):
+    """(the bytes check, table_bytes): the lookups' and tied head's initializers, and an untied head's, against
+    embed.table_bytes."""
+    vocab, width, table32 = config.vocab, config.width, reference.table32
     untied = graphs.untied_logits(sessions.stored(table32, fmt, block_size),
                                   precision.store(sessions.head32(), fmt, block_size), fmt=fmt, block_size=block_size,
                                   accuracy_level=config.accuracy_level)
-    checks = []
-
-    want, want_untied = (impl.table_bytes(vocab, width, fmt, block_size, tied=t) for t in (True, False))
+    want, want_untied = (reference.embed.table_bytes(vocab, width, fmt, block_size, tied=t) for t in (True, False))
     stored = {name: _stored_bytes(m) for name, m in models.items()}
     held_untied = _stored_bytes(untied, ("embedding", "lm_head"))
     ok = all(v == want for v in stored.values()) and held_untied == want_untied
-    checks.append(Check("bytes", graph("tables"), ok,
-                        f"initializers hold {sorted(set(stored.values()))} bytes == table_bytes({vocab}, {width}, "
-                        f"{fmt!r}, {block_size}) = {want}; untied {held_untied} == {want_untied}",
-                        float(abs(held_untied - want_untied) + sum(abs(v - want) for v in stored.values())), 0.0,
-                        {"table_bytes": want, "untied_bytes": want_untied}))
+    call = f"table_bytes({vocab}, {width}, {fmt!r}" + (f", {block_size})" if block_size else ")")
+    return Check("bytes", f"tables@{tag}", ok,
+                 f"initializers hold {sorted(set(stored.values()))} bytes == table_bytes({vocab}, {width}, "
+                 f"{fmt!r}, {block_size}) = {want}; untied {held_untied} == {want_untied}",
+                 float(abs(held_untied - want_untied) + sum(abs(v - want) for v in stored.values())), 0.0,
+                 {"table_bytes": want, "untied_bytes": want_untied},
+                 claim=f"initializers hold {call} = {want} bytes"), want
 
-    rows = [decoded[at[i]] for i in ids]
-    bad = {name: differing(sessions.runner(graph(name), models[name]).run({"ids": [ids]})["embeddings"][0], rows)
-           for name in ("gather_lookup", "onehot_lookup")}
-    checks.append(Check("lookup", graph("gather+onehot"), not any(bad.values()),
-                        f"Gather and OneHot+MatMul rows == embed.dequantize rows bit for bit ({bad['gather_lookup']} "
-                        f"and {bad['onehot_lookup']} of {len(rows) * width} differ)", float(any(bad.values())), 0.0,
-                        {"differing": bad}))
 
-    tied = sessions.runner(graph("tied_logits"), models["tied_logits"])
-    logits = tied.run({"ids": [ids[:1]], "hidden": [reference.hidden]})["logits"][0]
-    exact = [impl.logits(decoded, h) for h in reference.hidden]
-    level = _accuracy_level(models["tied_logits"])
+def _head(config, reference, sessions, model, decoded64, picked, block_size, tag):
+    """(the tied head's check, its logits, its MatMulNBits accuracy level or None): logits against embed.logits of
+    the decoded table, within that level's bound."""
+    logits = sessions.runner(f"tied_logits@{tag}", model).run(
+        {"ids": [list(config.ids[:1])], "hidden": [reference.hidden]})["logits"][0]
+    decoded = decoded64.tolist()
+    exact = [reference.embed.logits(decoded, h) for h in reference.hidden]
+    level = _accuracy_level(model)
     if level is None:  # DequantizeLinear of the whole table, then float32 products
         bound, how = dot_bounds(decoded64, reference.hidden), "DequantizeLinear + FusedMatMul, gamma_w sum|h t|"
     else:
@@ -101,11 +119,18 @@ def _one_format(config, reference, sessions, fmt, block_size):
         how = (f"MatMulNBits accuracy_level {level}, " + ("gamma_(w+2) sum|h t|" if level == 0 else
                f"the hidden vector as int8 per block of {block_size}: sum (s_b/2)|t| + gamma_(blocks+2) sum|h t|"))
     ok, diff, worst = within(logits[:, picked], exact, bound)
-    held, packed = _held(sessions, graph("tied_logits"), vocab)
-    checks.append(Check("head", graph("tied_logits"), ok,
-                        f"tied logits vs embed.logits(dequantized table, hidden){sampled} for {len(reference.hidden)} "
-                        f"vectors ({how}), worst diff/bound {worst:.2f}", diff, float(np.max(bound)),
-                        {"worst_ratio": worst, "accuracy_level": level}))
+    sampled = "" if len(picked) == config.vocab else f" ({len(picked)} sampled rows)"
+    return Check("head", f"tied_logits@{tag}", ok,
+                 f"tied logits vs embed.logits(dequantized table, hidden){sampled} for {len(reference.hidden)} "
+                 f"vectors ({how}), worst diff/bound {worst:.2f}", diff, float(np.max(bound)),
+                 {"worst_ratio": worst, "accuracy_level": level},
+                 claim="logits == embed.logits(dequantized) within the "
+                       + ("float32" if level is None else f"accuracy_level {level}") + " bound"), logits, level
+
+
+def _memory(sessions, name, vocab, want):
+    """The INFO line of what a session on the tied head holds of the table (`want`: its bytes as stored)."""
+    held, packed = _held(sessions, name, vocab)
     wider = [n for n, t, _ in held if t == "float32" and n != "embedding_scale"]
     line = "onnxruntime's optimized model holds " + ", ".join(f"{n} {t} {b} bytes" for n, t, b in held)
     if wider:
@@ -113,15 +138,10 @@ def _one_format(config, reference, sessions, fmt, block_size):
     for tensor, kernel, size, freed in packed:
         line += (f"; at load {kernel} prepacks {size} bytes from {tensor}, "
                  + ("which is then freed (its only reader)" if freed else "which stays (the lookup reads it too)"))
-    checks.append(Check("memory", graph("tied_logits"), None, line, values={"held": held, "prepacked": packed},
-                        info=True))
-
-    stretch = reference.stretch
-    checks.append(_stretch(config, reference, sessions, fmt, block_size, codes[at[stretch]],
-                           scales and scales[at[stretch]], tag))
-    checks += _figures(config, reference, sessions, fmt, block_size, decoded64 - reference.table64[picked], logits,
-                       level, tag)
-    return checks
+    sizes = {n: b for n, _, b in held}
+    total = sum(sizes.values()) + sum(size - (sizes[tensor] if freed else 0) for tensor, _, size, freed in packed)
+    return Check("memory", name, None, line, values={"held": held, "prepacked": packed, "bytes_held": total},
+                 info=True, claim=f"a session holds {total} bytes of table: {total / want:.2f}x the {want} bytes stored")
 
 
 def _neighbors_at(config, reference, sessions, fmt, block_size, factor=None):
@@ -152,10 +172,12 @@ def _stretch(config, reference, sessions, fmt, block_size, codes, scales, tag):
     a, b = before.run(feeds)["indices"][0].tolist(), after.run(feeds)["indices"][0].tolist()
     what = "codes unchanged, scales x" if scales is not None else "codes x"
     changed = sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+    kept = f"scales x{factor:g}, codes kept" if scales is not None else f"codes x{factor:g} exactly"
     return Check("stretch", f"neighbors@{tag}", not moved and a == b,
-                 f"row {token} x{factor:g}: {what}{factor:g} exactly: {not moved}; cosine top {config.k} of token "
+                 f"row {token} x{factor:g}: {what}{factor:g} exactly: {not moved}; cosine {config.listed()} of token "
                  f"{config.query} unchanged: {a == b} ({changed} positions differ, exact list comparison)",
-                 float(changed + moved), 0.0, {"before": a, "after": b})
+                 float(changed + moved), 0.0, {"before": a, "after": b},
+                 claim=f"row {token} x{factor:g}: {kept}; token {config.query}'s cosine list unchanged")
 
 
 def _figures(config, reference, sessions, fmt, block_size, value_errors, logits, level, tag):
@@ -191,7 +213,10 @@ def _figures(config, reference, sessions, fmt, block_size, value_errors, logits,
                                                               "top_k_overlap": agree}
     table_error = float(np.max(np.abs(value_errors)))
     values["value_error"] = table_error
+    mine = values["head" if level is None else f"level{level}"]
+    claim = (f"vs float32: {k} nearest {overlap:.1%} kept ({len(queries)} queries), max logit error "
+             f"{mine['logit_error_relative']:.2%}")
     return [Check("figures", f"{tag}", None,
                   f"cosine top-{k} overlap with float32 over {len(queries)} queries {overlap:.1%}; against the float32 "
                   f"head for {len(reference.hidden)} hidden vectors, " + "; ".join(parts)
-                  + f"; largest value error {table_error:.3g}", values=values, info=True)]
+                  + f"; largest value error {table_error:.3g}", values=values, info=True, claim=claim)]

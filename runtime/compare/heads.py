@@ -34,7 +34,9 @@ def _head_check(config, reference, sessions, tied):
                   f"worst diff/bound {worst:.2f}",
                   diff, float(np.max(bound)),
                   {"tables_in_file": in_file, "tables_in_memory": in_memory, "tables_held": held, "worst_ratio": worst,
-                   "bound": "gamma_w * sum|a_i b_i| per logit"})]
+                   "bound": "gamma_w * sum|a_i b_i| per logit"},
+                  claim=("held once, in file and memory" if tied else "two tables, in file and memory")
+                  + f"; logits match embed.logits({'table' if tied else 'head'}, hidden)")]
 
 
 def check_tied(config, reference, sessions):
@@ -64,7 +66,9 @@ def check_self_score(config, reference, sessions):
     checks = [Check("self_score", "tied_logits", disagree == 0,
                     f"hidden = the embedding of each id: own score is the top logit for {own_top} of {len(ids)} ids; "
                     f"the graph's top token agrees with embed.logits for {len(ids) - disagree} of {len(ids)} (a tie "
-                    "within the logits' bounds agrees)", float(disagree), 0.0)]
+                    "within the logits' bounds agrees)", float(disagree), 0.0,
+                    claim=f"hidden = each id's own row: top token == embed.logits' ({len(ids) - disagree} of {len(ids)} "
+                          "ids)")]
     q, s = config.query, reference.stretch
     scores = reference.logits(q)  # hidden = token q's own row
     needed = reference.lead(beat_query=True)
@@ -75,7 +79,7 @@ def check_self_score(config, reference, sessions):
                   f"token {q}'s own score is not its top logit to begin with" if not own_first else
                   f"x{factor:g} is not enough (x{needed:g} is)")
         checks.append(Check("self_score", "tied_logits", None, f"stretching row {s} to top token {q}'s logits: "
-                            f"{reason}; the claim does not apply"))
+                            f"{reason}; the claim does not apply", claim=f"row {s} to top row {q}'s logits: {reason}"))
         return checks
     logits = sessions.runner(f"tied_logits_x{factor:g}", graphs.tied_logits(reference.at32(factor))).run(
         {"ids": [[q]], "hidden": [[table[q]]]})["logits"][0, 0]
@@ -83,5 +87,6 @@ def check_self_score(config, reference, sessions):
     checks.append(Check("self_score", "tied_logits", ok and g == s,
                         f"row {s} x{factor:g}: for hidden = row {q}, the top logit moves from {q} (its own) to {g} "
                         f"(reference {w}; want {s})", float(not (ok and g == s)), 0.0,
-                        {"token": s, "factor": factor, "top": g}))
+                        {"token": s, "factor": factor, "top": g},
+                        claim=f"row {s} x{factor:g} moves the top token for hidden = row {q} from {q} to {g}"))
     return checks

@@ -17,7 +17,8 @@ def check_table(config, reference, sessions):
     return [Check("table", "gather_lookup", ok,
                   f"'embedding' == embed.make_table({config.vocab}, {config.width}, {config.seed}) bit for bit: "
                   f"{bad} of {values.size} values differ; {values.size} values, param_count {count}",
-                  0.0 if bad == 0 else 1.0, 0.0, {"differing": bad, "elements": int(values.size), "param_count": count})]
+                  0.0 if bad == 0 else 1.0, 0.0, {"differing": bad, "elements": int(values.size), "param_count": count},
+                  claim=f"'embedding' == embed.make_table({config.vocab}, {config.width}, {config.seed}), bit for bit")]
 
 
 def check_gather(config, reference, sessions):
@@ -30,7 +31,8 @@ def check_gather(config, reference, sessions):
             if repeats else "no repeated id in --ids")
     return [Check("lookup", "gather_lookup", bad == 0 and same,
                   f"Gather(ids={ids}) == embed.lookup bit for bit ({bad} of {out.size} differ); {note}",
-                  float(bad > 0), 0.0, {"differing": bad, "repeats_identical": same})]
+                  float(bad > 0), 0.0, {"differing": bad, "repeats_identical": same},
+                  claim="Gather == embed.lookup, bit for bit" + ("; a repeated id gives one row" if repeats else ""))]
 
 
 def check_onehot(config, reference, sessions):
@@ -46,8 +48,10 @@ def check_onehot(config, reference, sessions):
     ok = bad_ref == 0 and bad_gather == 0 and graph_products == expected
     return [Check("onehot_lookup", "onehot_lookup", ok,
                   f"OneHot+MatMul == embed.onehot_lookup ({bad_ref} differ) == Gather ({bad_gather} differ), bit "
-                  f"for bit; multiplications: Gather 0, one-hot {graph_products} = {len(ids)}x{vocab}x{width}", float(bad_ref + bad_gather > 0), 0.0,
-                  {"multiplications_gather": 0, "multiplications_onehot": graph_products})]
+                  f"for bit; multiplications: Gather 0, one-hot {graph_products} = {len(ids)}x{vocab}x{width} (ids x vocab x "
+                  "width)", float(bad_ref + bad_gather > 0), 0.0,
+                  {"multiplications_gather": 0, "multiplications_onehot": graph_products},
+                  claim="OneHot+MatMul == embed.onehot_lookup == Gather, bit for bit")]
 
 
 def check_scaled(config, reference, sessions):
@@ -68,4 +72,5 @@ def check_scaled(config, reference, sessions):
                   f"values == embed.scale_sqrt_d within 2u relative (worst {worst:.2f}); norm ratio "
                   f"{ratios.min():.9f}..{ratios.max():.9f} vs sqrt({width}) = {root:.9f} (tolerance "
                   f"{ratio_tol:.2g})", float(np.max(np.abs(cosines - 1))), cos_tol,
-                  {"norm_ratios": ratios.tolist(), "cosines": cosines.tolist(), "diff_is": "max |cosine - 1|"})]
+                  {"norm_ratios": ratios.tolist(), "cosines": cosines.tolist(), "diff_is": "max |cosine - 1|"},
+                  claim=f"== embed.scale_sqrt_d within 2u: norms x sqrt({width}), directions kept")]

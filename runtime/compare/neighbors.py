@@ -41,9 +41,11 @@ def check_neighbors(config, reference, sessions):
         ok = ok_scores and config.query not in got and _differing(got, want, scores, bounds) == 0
         shown = lambda ids: f"{ids[:8]}{'...' if len(ids) > 8 else ''}"
         checks.append(Check("neighbors", f"neighbors_{metric}", ok,
-                            f"top {config.k} of token {config.query} by {metric}: graph {shown(got)} vs "
+                            f"{config.listed()} of token {config.query} by {metric}: graph {shown(got)} vs "
                             f"embed.neighbors {shown(want)}; scores worst diff/bound {worst:.2f}",
-                            diff, float(max(bounds.values())), {"indices": got, "reference": want}))
+                            diff, float(max(bounds.values())), {"indices": got, "reference": want},
+                            claim=f"{config.listed()} of token {config.query} by {metric} == embed.neighbors; scores "
+                                  "within bound"))
     checks.append(check_stretch(config, reference, sessions))
     return checks
 
@@ -55,13 +57,16 @@ def check_stretch(config, reference, sessions):
     score = reference.embed.dot(reference.table[s], reference.table[q])
     if score <= 0:
         return Check("stretch", graph, None, f"token {s} points away from token {q} (dot {score:.3g} <= 0): "
-                     "stretching it only pushes it down the dot list, so the claim does not apply; pick another --stretch")
+                     "stretching it only pushes it down the dot list, so the claim does not apply; pick another --stretch",
+                     claim=f"token {s} points away from token {q}: the stretch claim does not apply")
     if before_dot[0] == s:
         return Check("stretch", graph, None, f"token {s} already leads token {q}'s dot list before stretching: "
-                     "nothing to show; pick another --stretch")
+                     "nothing to show; pick another --stretch",
+                     claim=f"token {s} already leads token {q}'s dot list: nothing to show")
     if reference.neighbors("dot", 1, factor) != [s]:
         return Check("stretch", graph, None, f"x{factor:g} is not enough for token {s} to lead token {q}'s dot list "
-                     f"(x{reference.lead(beat_query=False):g} is); the claim does not apply")
+                     f"(x{reference.lead(beat_query=False):g} is); the claim does not apply",
+                     claim=f"x{factor:g} is not enough for token {s} to lead token {q}'s dot list: does not apply")
     before_cos, _ = _graph_neighbors(config, reference, sessions, "cosine")
     after_cos, _ = _graph_neighbors(config, reference, sessions, "cosine", factor)
     after_dot, _ = _graph_neighbors(config, reference, sessions, "dot", factor)
@@ -73,4 +78,5 @@ def check_stretch(config, reference, sessions):
                  f"row {s} x{factor:g}: cosine list of {q} unchanged: {moved == 0} ({moved} positions differ beyond "
                  f"their scores' bounds; embed.neighbors unchanged too: {reference_same}); dot list now led by "
                  f"{after_dot[:1]} (was rank {before_dot.index(s) + 1})", float(moved + (not reference_same)), 0.0,
-                 {"token": s, "factor": factor, "dot_after": after_dot, "cosine_after": after_cos})
+                 {"token": s, "factor": factor, "dot_after": after_dot, "cosine_after": after_cos},
+                 claim=f"row {s} x{factor:g}: token {q}'s cosine list unchanged, its dot list led by {s}")

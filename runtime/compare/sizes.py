@@ -71,7 +71,8 @@ def check_sizes(config, reference, sessions):
                             f"{extra_layout:+d} bytes, on disk +{sizes[b][2] - sizes[a][2]} bytes",
                             float(abs(extra_tensor - table_bytes)), 0.0,
                             {"tensor_bytes": extra_tensor, "layout_bytes": extra_layout,
-                             "file_bytes": sizes[b][2] - sizes[a][2]}))
+                             "file_bytes": sizes[b][2] - sizes[a][2]},
+                            claim=f"{label}: +{extra_tensor} bytes of table data = {claim}"))
     expected = {(v, t): reference.embed.param_count(v, width, tied=t) for v, t in sizes}
     bad = sum(sizes[key][0] != expected[key] for key in sizes)
     listing = ", ".join(f"V={v} {'tied' if t else 'untied'} {sizes[v, t][0]} values/{sizes[v, t][1]} B tables/"
@@ -80,5 +81,6 @@ def check_sizes(config, reference, sessions):
                            f"values held == embed.param_count ({bad} of {len(sizes)} models differ): {listing}",
                            float(bad), 0.0,
                            {f"{v}_{'tied' if t else 'untied'}": {"values": sizes[v, t][0], "tensor_bytes": sizes[v, t][1],
-                                                                 "file_bytes": sizes[v, t][2]} for v, t in sizes}))
+                                                                 "file_bytes": sizes[v, t][2]} for v, t in sizes},
+                           claim=f"values held == embed.param_count in {len(sizes)} models: V tied, V untied, 2V tied"))
     return checks
