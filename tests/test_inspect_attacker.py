@@ -227,7 +227,7 @@ def under_way(scratch, most=60):
     """Wait until inspect's first onnxruntime child has its job: the work is under way, two more children to come
     (a fixed second's sleep once let the leaner inspect finish first, exit 0)."""
     deadline = time.monotonic() + most
-    while not any(os.path.exists(os.path.join(scratch, d, "job.json")) for d in os.listdir(scratch)) and \
+    while not any(any(f.endswith("job.json") for f in os.listdir(os.path.join(scratch, d))) for d in os.listdir(scratch)) and \
             time.monotonic() < deadline:
         time.sleep(0.01)
 

@@ -1,12 +1,11 @@
 """The isolated child's entry point: `python -m runtime.inspect.child JOB.json` runs one step on an untrusted model
-(build its optimized model, measure a session, prove a retie) and writes result.json beside the job.
+(build its optimized model, measure a session, prove a retie) and writes its answer to the job's `result` path.
 
 An entry module of its own, apart from runtime.inspect.isolated (which starts it): a module run as `__main__` is
 a second copy of itself, so an exception class raised by code that imported the library (`Changed`, from proof)
 would not be the one `except` names here. runtime.inspect's package imports nothing, so this starts lean.
 """
 import json
-import os
 import sys
 
 from runtime.inspect.isolated import OUT_OF_MEMORY, Changed, source
@@ -83,7 +82,7 @@ def main(path):
         if "bad_alloc" in str(e) or "Failed to allocate" in str(e):
             return OUT_OF_MEMORY
         answer = {"error": _first_line(e)}
-    with open(os.path.join(job["folder"], "result.json"), "w") as f:
+    with open(job["result"], "w") as f:
         json.dump(answer, f)
     return 0
 

@@ -218,7 +218,7 @@ def _work(args, prog, folder):
     limits = isolated.Limits(args.timeout, memory, progress, guard.committing)
     try:
         if os.path.isdir(args.model):
-            result = inspect_folder(args.model, folder, limits, inspect_model, args.proof_past, args.files, args.static)
+            result = inspect_folder(args.model, folder, limits, args.proof_past, args.files, args.static)
             progress.done()
             if args.json:
                 sys.stdout.write(json.dumps(folder_json(result), indent=2) + "\n")

@@ -9,29 +9,91 @@ from runtime.inspect.walk import find_tables_and_heads, lookup_ids
 from runtime.resident import prepacked_copies, unscoped
 
 
-def inspect_model(path, folder, limits=None, proof_past=None, static=False):
+def inspect_model(path, folder, limits=None, proof_past=None, static=False, measure=True):
     """Everything the report shows, as one dict (the --json output plus what --retie needs).
 
     `folder` is a scratch folder for onnxruntime's optimized model; `limits` bound the isolated child;
     `proof_past` the past length of the decoder feeds it runs the model on (default: feeds.plan's); `static`:
-    from the files alone, onnxruntime never started (no runtime copies, nothing counted in memory)."""
+    from the files alone, onnxruntime never started (no runtime copies, nothing counted in memory); `measure`:
+    False counts the copies a session holds without measuring one (a folder measures its files together)."""
     if static:
         return _from_files(path, limits or isolated.Limits(), proof_past)
-    limits = limits or isolated.Limits()
-    limits.progress(f"reading and checking {path}")
-    path = os.path.realpath(path)  # what the child opens is what was checked: `link/..` as the OS resolves it
-    model = load(path)
-    shape = feeds.plan(model.proto, path, proof_past)
-    tables, heads = find_tables_and_heads(model)
-    limits.progress(f"relating {len(tables)} table(s) and {len(heads)} head(s): a digest of each")
-    pairs = relate(model, tables, heads)
-    optimized_path = os.path.join(folder, "optimized.onnx")
-    job = {"kind": "optimize", "checked": model.checked, "out": optimized_path, "folder": folder}
+    return start(path, folder, limits, proof_past, measure).finish()
+
+
+def start(path, folder, limits=None, proof_past=None, measure=True):
+    """inspect_model begun (an Examination): the files read and related, the optimizing child started."""
+    return Examination(path, folder, limits, proof_past, measure)
+
+
+class Examination:
+    """inspect_model in two halves: the files read and related here and onnxruntime's optimized model started in
+    a child; finish() measures (unless `measure` is False), waits for the child and gives inspect_model's dict.
+    Several files started before any finishes build their optimized models side by side."""
+
+    def __init__(self, path, folder, limits=None, proof_past=None, measure=True):
+        self.limits = limits = limits or isolated.Limits()
+        limits.progress(f"reading and checking {path}")
+        path = os.path.realpath(path)  # what the child opens is what was checked: `link/..` as the OS resolves it
+        self.model = model = load(path)
+        self.shape = feeds.plan(model.proto, path, proof_past)
+        self.tables, self.heads = find_tables_and_heads(model)
+        limits.progress(f"relating {len(self.tables)} table(s) and {len(self.heads)} head(s): a digest of each")
+        self.pairs = relate(model, self.tables, self.heads)
+        self.rows = {lookup_ids(t): t["vocab"] for t in self.tables}  # each lookup's ids, and the rows they may name
+        self.folder, self.measure = folder, measure and bool(self.tables)
+        self.job = {"kind": "optimize", "checked": model.checked, "out": os.path.join(folder, "optimized.onnx"),
+                    "folder": folder}
+        self.runs = 1 + (len(memory.SETTINGS) if self.measure else 0)
+        self.optimizing = isolated.start(self.job, "building its optimized model", limits, model.file_bytes)
+
+    def stop(self):
+        """End the optimizing child now if it still runs."""
+        self.optimizing.stop()
+
+    def finish(self):
+        """inspect_model's dict (the child stopped on the way out, whatever happens)."""
+        model = self.model
+        try:
+            version, measured = self._optimized_and_measured()
+        finally:
+            self.optimizing.stop()
+        return found(model, self.tables, self.heads, self.pairs, self.rows, self.shape, self.job["out"], version,
+                     measured)
+
+    def _optimized_and_measured(self):
+        """(onnxruntime's version, memory.measure's figures or {}): the measurements run beside the optimizing child
+        where the machine has the cores and the memory (isolated.side_by_side; each in its own child: a session
+        that writes its optimized model holds about one more table, so the one measured writes nothing), else after
+        it. A failure is reported as it would be in turn: the optimized model's first."""
+        model, limits = self.model, self.limits
+
+        def measured(side_by_side=False):
+            return memory.measure({"checked": model.checked}, self.rows, self.shape, self.folder, limits,
+                                  model.file_bytes, side_by_side) if self.measure else {}
+
+        if not isolated.side_by_side(limits, model.file_bytes, self.runs):
+            return optimized_version(self.optimizing, model.path), measured()
+        try:
+            figures = measured(side_by_side=True)
+        except InspectError:
+            optimized_version(self.optimizing, model.path)  # its failure is the one to report, as in turn
+            raise
+        return optimized_version(self.optimizing, model.path), figures
+
+
+def optimized_version(optimizing, path):
+    """The onnxruntime version an optimize child (isolated.start) reports, or InspectError: it cannot load `path`."""
     try:
-        version = isolated.call(job, "building its optimized model", limits, model.file_bytes)["onnxruntime"]
+        return optimizing.result()["onnxruntime"]
     except isolated.StepFailed as e:
         raise InspectError(f"{path}: onnxruntime cannot load it: {str(e).split(': ', 1)[-1]}") from None
-    optimized = load(optimized_path, folder)
+
+
+def found(model, tables, heads, pairs, rows, shape, optimized_path, version, measured):
+    """inspect_model's dict, from what the parent read and what onnxruntime's optimized model (at `optimized_path`)
+    and the measurements show."""
+    optimized = load(optimized_path, os.path.dirname(optimized_path))
     prepacked = prepacked_copies(optimized.proto)
     watched = list(dict.fromkeys([t["initializer"] for t in tables] + [h["initializer"] for h in heads]))
     initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
@@ -45,9 +107,6 @@ def inspect_model(path, folder, limits=None, proof_past=None, static=False):
             copies.append({"name": f"{name} prepacked", "bytes": p["bytes"], "shape": None, "copy_of": name,
                            "view": "prepacked", "transposed": False, "kernel": p["kernel"], "node": p["node"],
                            **({"graph": graph} if graph else {})})
-    rows = {lookup_ids(t): t["vocab"] for t in tables}  # each lookup's ids, and the rows they may name
-    measured = memory.measure({"checked": model.checked}, rows, shape, folder, limits,
-                              model.file_bytes) if tables else {}
 
     def held(names, table_bytes, other_bytes):
         return memory.in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured)

@@ -4,7 +4,7 @@ checked against config.json's tie_word_embeddings."""
 import json
 import os
 
-from runtime.inspect import memory, sidecars
+from runtime.inspect import examine, isolated, memory, sidecars
 from runtime.inspect.reading import InspectError, label
 from runtime.inspect.relations import Digests, copy_key, same_values, stored_as_table
 from runtime.resident import copies_held
@@ -208,18 +208,35 @@ def tie_finding(group, config, items):
     return None
 
 
-def inspect_folder(folder, scratch, limits, inspect_file, proof_past=None, chosen=None, static=False):
+def _each_file(folder, files, scratch, limits, proof_past, static):
+    """[{file, model, info}]: each file examined (examine), its session not measured alone; the files' optimized
+    models built side by side where the machine has the cores and the memory for them all."""
+    where = [os.path.join(scratch, f"file{i}") for i in range(len(files))]
+    for path in where:
+        os.mkdir(path)
+    paths = [os.path.join(folder, name) for name in files]
+    if static:
+        infos = [examine.inspect_model(p, w, limits, proof_past, static=True) for p, w in zip(paths, where)]
+    elif isolated.side_by_side(limits, sum(os.path.getsize(p) for p in paths), len(paths)):
+        started = []
+        try:
+            for path, scratch_of in zip(paths, where):
+                started.append(examine.start(path, scratch_of, limits, proof_past, measure=False))
+            infos = [s.finish() for s in started]
+        finally:
+            for s in started:
+                s.stop()
+    else:
+        infos = [examine.inspect_model(p, w, limits, proof_past, measure=False) for p, w in zip(paths, where)]
+    return [{"file": name, "model": info["model"], "info": info} for name, info in zip(files, infos)]
+
+
+def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static=False):
     """Everything a folder's report shows: {folder, rule, items: [{file, model, info}], across: relate_files' with
-    each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. `inspect_file(path, scratch, limits,
-    proof_past, static)` inspects one file (examine.inspect_model); each file gets a scratch folder of its own; `static`:
-    onnxruntime is never started (nothing counted in memory)."""
+    each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. Each file gets a folder of its own
+    in `scratch`; `static`: onnxruntime is never started (nothing counted in memory)."""
     files, rule = client_files(folder, chosen)
-    items = []
-    for i, name in enumerate(files):
-        where = os.path.join(scratch, f"file{i}")
-        os.mkdir(where)
-        info = inspect_file(os.path.join(folder, name), where, limits, proof_past, static)
-        items.append({"file": name, "model": info["model"], "info": info})
+    items = _each_file(folder, files, scratch, limits, proof_past, static)
     across = relate_files(items)
     config = config_tie(folder)
     parts = [{"checked": it["model"].checked, "rows": it["info"]["rows"], "shape": it["info"]["shape"]}

@@ -5,6 +5,7 @@ parent reports it as a finding about the model. The child runs under a wall-cloc
 limit (RLIMIT_AS), a cap on the size of any file it writes (RLIMIT_FSIZE), no core files; `Limits` holds both, set from --timeout and --memory-limit.
 """
 import hashlib
+import itertools
 import json
 import os
 import resource
@@ -84,70 +85,115 @@ def source(checked):
 def call(job, what, limits, model_bytes):
     """Run `job` (a dict; see runtime.inspect.child) in a child under `limits`; its result dict, or InspectError saying
     what happened to onnxruntime while `what` (e.g. "building the optimized model")."""
-    memory = limits.memory_for(model_bytes)
-    limits.progress(f"onnxruntime, in a child: {what}")
-    path = os.path.join(job["folder"], "job.json")
-    result = os.path.join(job["folder"], "result.json")
-    if os.path.exists(result):
-        os.remove(result)
-    with open(path, "w") as f:
-        json.dump(job, f)
+    return start(job, what, limits, model_bytes).result()
 
-    written = 3 * model_bytes + GiB  # any one file it writes; past that, a write fails (EFBIG), nothing fills the disk
 
-    memory = _within(resource.RLIMIT_AS, memory)
-    confined = {resource.RLIMIT_AS: memory, resource.RLIMIT_FSIZE: _within(resource.RLIMIT_FSIZE, written),
-                resource.RLIMIT_CORE: 0}
+def start(job, what, limits, model_bytes):
+    """call(), started: the Child running `job`, whose result() waits for it. Another step may run meanwhile (each
+    job's files are its own); stop() ends it early."""
+    return Child(job, what, limits, model_bytes)
 
-    def confine():  # in the child, before exec: nothing here may raise, so no limit goes past an inherited one
-        for kind, limit in confined.items():
-            resource.setrlimit(kind, (limit, limit))
-        guard.die_with_parent()
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT] + sys.path[1:]), TMPDIR=job["folder"])
-    # Signals held off while the child is forked: one landing between fork and exec ran Python's handler in the
-    # forked copy (random's reseed at fork, confine), which printed its own "Exception ignored" lines. The child
-    # keeps them blocked (the mask survives exec): on any of them this process kills it.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, guard.SIGNALS)
+def side_by_side(limits, model_bytes, children=2):
+    """Whether `children` children may run at once on a model of `model_bytes`: a second core to run them, and
+    memory available for all (each holds up to about three copies of the model while it runs)."""
     try:
-        child = subprocess.Popen([sys.executable, "-m", "runtime.inspect.child", path], cwd=_ROOT, env=env,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 preexec_fn=confine)
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        raise
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return cores >= 2 and _available() >= children * (3 * model_bytes + GiB)
+
+
+def _available():
+    """The bytes of memory the kernel says are available now (MemAvailable), 0 where it cannot say."""
     try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came meanwhile lands here, the child known
-        _, err = child.communicate(timeout=limits.remaining())
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.communicate()
-        raise InspectError(f"onnxruntime did not finish {what} within the command's --timeout {limits.timeout:g} s "
-                           "and was stopped (raise --timeout if the model is simply large)") from None
-    except BaseException:  # interrupted or terminated: no child outlives the tool
-        child.kill()
-        child.wait()
-        raise
-    err = err.decode(errors="replace")
-    if child.returncode < 0:
-        name = signal.Signals(-child.returncode).name
-        if "checked" in job and -child.returncode == signal.SIGBUS:
-            source(job["checked"])  # Changed, if a data file shrank under onnxruntime's mapping
-        raise InspectError(f"onnxruntime crashed ({name}) while {what}: the model is malformed or hostile"
-                           f"{_memory_hint(err, memory)}")
-    if child.returncode == OUT_OF_MEMORY or "bad_alloc" in err:
-        raise InspectError(f"onnxruntime ran out of memory while {what} (limit {memory / GiB:.1f} GiB of "
-                           "address space; raise --memory-limit if the model is simply large)")
-    if child.returncode != 0 or not os.path.exists(result):
-        last = (err.strip().splitlines() or ["no message"])[-1]
-        raise InspectError(f"the isolated step failed while {what}: {last[:300]}")
-    with open(result) as f:
-        answer = json.load(f)
-    if "changed" in answer:
-        raise Changed(answer["changed"])
-    if "error" in answer:
-        raise StepFailed(f"onnx or onnxruntime refused it while {what}: {answer['error']}")
-    return answer
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+_JOB_NUMBERS = itertools.count()
+
+
+class Child:
+    """One step in a child process (start()): its job written, the child running under `limits`."""
+
+    def __init__(self, job, what, limits, model_bytes):
+        self.what, self.limits, self.job = what, limits, job
+        self.memory = _within(resource.RLIMIT_AS, limits.memory_for(model_bytes))
+        limits.progress(f"onnxruntime, in a child: {what}")
+        number = next(_JOB_NUMBERS)
+        path = os.path.join(job["folder"], f"{number}.job.json")
+        self.answer = job["result"] = os.path.join(job["folder"], f"{number}.result.json")
+        with open(path, "w") as f:
+            json.dump(job, f)
+        written = 3 * model_bytes + GiB  # any one file it writes; past that, a write fails (EFBIG), nothing fills the disk
+        confined = {resource.RLIMIT_AS: self.memory, resource.RLIMIT_FSIZE: _within(resource.RLIMIT_FSIZE, written),
+                    resource.RLIMIT_CORE: 0}
+
+        def confine():  # in the child, before exec: nothing here may raise, so no limit goes past an inherited one
+            for kind, limit in confined.items():
+                resource.setrlimit(kind, (limit, limit))
+            guard.die_with_parent()
+
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT] + sys.path[1:]), TMPDIR=job["folder"])
+        # Signals held off while the child is forked: one landing between fork and exec ran Python's handler in the
+        # forked copy (random's reseed at fork, confine), which printed its own "Exception ignored" lines. The child
+        # keeps them blocked (the mask survives exec): on any of them this process kills it.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, guard.SIGNALS)
+        try:
+            self.child = subprocess.Popen([sys.executable, "-m", "runtime.inspect.child", path], cwd=_ROOT, env=env,
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, preexec_fn=confine)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came meanwhile lands here, the child known
+
+    def stop(self):
+        """End the child now if it still runs (nothing of it is reported)."""
+        if self.child.returncode is None:
+            self.child.kill()
+            self.child.communicate()
+
+    def result(self):
+        """Wait for the child: its result dict, or InspectError (Changed, StepFailed) saying what happened."""
+        what, child = self.what, self.child
+        try:
+            _, err = child.communicate(timeout=self.limits.remaining())
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise InspectError(f"onnxruntime did not finish {what} within the command's --timeout "
+                               f"{self.limits.timeout:g} s and was stopped (raise --timeout if the model is simply "
+                               "large)") from None
+        except BaseException:  # interrupted or terminated: no child outlives the tool
+            self.stop()
+            raise
+        return self._answer(err.decode(errors="replace"))
+
+    def _answer(self, err):
+        what, child, job = self.what, self.child, self.job
+        if child.returncode < 0:
+            name = signal.Signals(-child.returncode).name
+            if "checked" in job and -child.returncode == signal.SIGBUS:
+                source(job["checked"])  # Changed, if a data file shrank under onnxruntime's mapping
+            raise InspectError(f"onnxruntime crashed ({name}) while {what}: the model is malformed or hostile"
+                               f"{_memory_hint(err, self.memory)}")
+        if child.returncode == OUT_OF_MEMORY or "bad_alloc" in err:
+            raise InspectError(f"onnxruntime ran out of memory while {what} (limit {self.memory / GiB:.1f} GiB of "
+                               "address space; raise --memory-limit if the model is simply large)")
+        if child.returncode != 0 or not os.path.exists(self.answer):
+            last = (err.strip().splitlines() or ["no message"])[-1]
+            raise InspectError(f"the isolated step failed while {what}: {last[:300]}")
+        with open(self.answer) as f:
+            answer = json.load(f)
+        if "changed" in answer:
+            raise Changed(answer["changed"])
+        if "error" in answer:
+            raise StepFailed(f"onnx or onnxruntime refused it while {what}: {answer['error']}")
+        return answer
 
 
 def _within(kind, most):

@@ -9,21 +9,36 @@ NO_PREPACKING = "session.disable_prepacking=1"  # the setting that changes it, a
 RESOLUTION = 16 * 2**20  # below this a table's ratio is not given: a session's own pages (~3 MiB) would swamp it
 
 
-def measure(model, rows, shape, folder, limits, model_bytes):
+def measure(model, rows, shape, folder, limits, model_bytes, side_by_side=False):
     """`model`: {"checked": a Model's checked} (the user's model) or {"model": path} (one this tool wrote).
 
     {setting: {resident_bytes, anonymous_bytes, file_bytes} or None, "error": why} for each of SETTINGS, each
-    in a fresh isolated child, on the feeds `shape` (runtime.inspect.feeds.plan) describes. None where onnxruntime refuses to run the model on the proof's feeds; a crash or
-    time-out is an InspectError, like every isolated step."""
-    measured = {}
-    for setting, prepacking in SETTINGS.items():
-        job = {"kind": "measure", **model, "rows": rows, "shape": shape, "prepacking": prepacking,
-               "folder": folder}
-        try:
-            measured[setting] = isolated.call(job, f"running it once ({setting})", limits, model_bytes)
-        except isolated.StepFailed as e:
-            measured[setting], measured["error"] = None, str(e).split(": ", 1)[-1]
+    in a fresh isolated child, on the feeds `shape` (runtime.inspect.feeds.plan) describes; `side_by_side`: the
+    children run at once (each measures its own resident set, which another process mapping the same file does not
+    change). None where onnxruntime refuses to run the model on the proof's feeds; a crash or time-out is an
+    InspectError, like every isolated step."""
+    def job(prepacking):
+        return {"kind": "measure", **model, "rows": rows, "shape": shape, "prepacking": prepacking, "folder": folder}
+
+    measured, running = {}, {}
+    try:
+        for setting, prepacking in SETTINGS.items():
+            running[setting] = isolated.start(job(prepacking), f"running it once ({setting})", limits, model_bytes)
+            if not side_by_side:
+                _collect(measured, setting, running.pop(setting))
+        for setting, child in running.items():
+            _collect(measured, setting, child)
+    finally:
+        for child in running.values():
+            child.stop()
     return measured
+
+
+def _collect(measured, setting, child):
+    try:
+        measured[setting] = child.result()
+    except isolated.StepFailed as e:
+        measured[setting], measured["error"] = None, str(e).split(": ", 1)[-1]
 
 
 def measure_together(parts, folder, limits, model_bytes):
