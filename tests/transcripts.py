@@ -1,13 +1,14 @@
-"""The README's transcripts, run again: each ``` block of README.md that starts with `$ ./lab_env/python -m ...`
-(or is compare's default report) is replayed in a fresh folder and its lines compared with what the commands print
-now. Figures that move from run to run or machine to machine (MiB measured after a run; compare's float
-differences, whose last digits depend on the CPU's kernels) are compared as '#', and compare's column padding as one
-space; every other character must match.
+"""The docs' transcripts, run again: each ``` block of README.md or docs/*.md that starts with
+`$ ./lab_env/python -m ...` (or is compare's default report) is replayed in a fresh folder and its lines compared
+with what the commands print now. Figures that move from run to run or machine to machine (MiB measured after a run;
+compare's float differences, whose last digits depend on the CPU's kernels) are compared as '#', and compare's column
+padding as one space; every other character must match.
 A line `...` in a block stands for any number of lines (and such a block may stop before the run does).
 
-    ./lab_env/python tests/transcripts.py          # print each block's drift (exit 1 if any)
-    ./lab_env/python tests/transcripts.py --write  # rewrite README.md's blocks from a run
+    ./lab_env/python tests/transcripts.py          # print each block's drift as FILE:LINE (exit 1 if any)
+    ./lab_env/python tests/transcripts.py --write  # rewrite every block from a run, in whichever file holds it
 """
+import glob
 import os
 import re
 import subprocess
@@ -18,6 +19,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 COMPARE = "embedding-onnx-lab compare:"
 _FLOAT = re.compile(r"\d+\.\d+(e[+-]?\d+)?|\d+e[+-]?\d+")
+
+
+def pages():
+    """README.md and every docs/*.md page, as paths."""
+    return [README] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+
+
+def where(path, line):
+    """'docs/compare.md:12': a block's place, relative to the repository."""
+    return f"{os.path.relpath(path, ROOT)}:{line}"
+
+
+def all_blocks():
+    """[(path, start line, lines)] of every transcript block in every page."""
+    return [(path, start, body) for path in pages() for start, _, body in blocks(open(path).read())]
 
 
 def blocks(text):
@@ -91,7 +107,7 @@ def drift(body, now):
 
 
 def rewrite(text):
-    """README text with each block replaced by a fresh run (compare's: its float32 part)."""
+    """A page's text with each block replaced by a fresh run (compare's: its float32 part)."""
     lines = text.split("\n")
     for start, end, body in reversed(blocks(text)):
         now = replay(body)
@@ -108,12 +124,17 @@ def rewrite(text):
 
 
 if __name__ == "__main__":
-    text = open(README).read()
     if sys.argv[1:] == ["--write"]:
-        with open(README, "w") as f:
-            f.write(rewrite(text))
+        for path in pages():
+            text = open(path).read()
+            if blocks(text) and (fresh := rewrite(text)) != text:
+                with open(path, "w") as f:
+                    f.write(fresh)
+                print(f"rewrote {os.path.relpath(path, ROOT)}")
         sys.exit(0)
-    bad = [(start, why) for start, _, body in blocks(text) if (why := drift(body, replay(body)))]
-    for start, why in bad:
-        print(f"README.md:{start}: {why}")
+    if sys.argv[1:]:
+        sys.exit("usage: tests/transcripts.py [--write]")
+    bad = [(where(path, start), why) for path, start, body in all_blocks() if (why := drift(body, replay(body)))]
+    for place, why in bad:
+        print(f"{place}: {why}")
     sys.exit(1 if bad else 0)
