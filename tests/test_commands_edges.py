@@ -80,7 +80,35 @@ def test_export_refuses_a_size_it_cannot_hold_naming_the_bytes(tmp_path):
                            "--width", "100000")
     need = 10 * 4 * 100000 * 100000  # the README's "about 10 float32 tables at once"
     assert refused(code, err, f"would need about {need} bytes", "this machine has")
+    assert err.startswith("python -m graphs.export: error: --vocab-size 100000 x --width 100000 ")  # as argparse's
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, words", [(["--vocab-size", "1"], "--vocab-size must be >= 2 (the neighbours graphs"),
+                                         (["--vocab-size", "0"], "--vocab-size must be >= 2 (the neighbours graphs"),
+                                         (["--width", "0"], "--width must be >= 1, got 0")])
+def test_export_and_compare_refuse_the_same_smallest_table_in_the_same_words(tmp_path, args, words):
+    for prog, module, *first in (("python -m graphs.export", "graphs.export", str(tmp_path / "out")),
+                                 ("python -m runtime.compare", "runtime.compare")):
+        code, out, err = command(sys.executable, "-m", module, *first, *args)
+        assert refused(code, err, words) and err.startswith(f"{prog}: error: ") and out == "", err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_and_compare_take_the_smallest_table_and_one_default_block_size(tmp_path):
+    code, _, err = command(sys.executable, "-m", "graphs.export", str(tmp_path / "int8"), "--vocab-size", "2",
+                           "--width", "64", "--format", "int8")
+    assert code == 0, err
+    scale = [t for t in onnx.load(str(tmp_path / "int8" / "tied_logits.onnx")).graph.initializer
+             if t.name == "embedding_scale"][0]
+    assert list(scale.dims) == [2, 64 // 32]  # one scale per 32 columns, as compare's default
+    code, out, err = command(sys.executable, "-m", "runtime.compare", "--vocab-size", "2", "--width", "64", "--ids",
+                             "0,1", "--format", "int8", "--json", "-", timeout=300)
+    assert code == 0 and '"block_size": 32' in out, err
+    for module in ("graphs.export", "runtime.compare"):  # and each --help says so, and what DIR / --export does
+        helped = command(sys.executable, "-m", module, "--help")[1]
+        assert "(default 32, as " in " ".join(helped.split()) and ">= 2" in helped
+        assert "created if missing" in " ".join(helped.split())
 
 
 def test_export_into_a_folder_holding_a_data_file_is_refused(tmp_path):

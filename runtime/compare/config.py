@@ -48,7 +48,8 @@ def parser(description=""):
                       epilog="Above 4M table values the command re-runs itself once with glibc's malloc on huge pages "
                              "(GLIBC_TUNABLES=glibc.malloc.hugetlb=1): far fewer page faults for the same work.")
     add = p.add_argument
-    add("--vocab-size", type=int, default=4096, help="rows in the table (default 4096)")
+    add("--vocab-size", type=int, default=4096, help=f"rows in the table, >= {graphs.export.MIN_VOCAB}: the neighbour "
+                                                     "checks rank a query's other tokens (default 4096)")
     add("--width", type=int, default=96, help="values per row (default 96; sqrt(96) is not a float32)")
     add("--seed", type=int, default=0, help="table seed; the untied head uses seed+1, hidden vectors seed+2")
     add("--ids", type=embed.parse_ids, default=[3, 3, 17], help="ids to look up (default 3,3,17)")
@@ -60,8 +61,9 @@ def parser(description=""):
     add("--factor", type=float, help="stretch factor (default: the smallest power of two that makes it lead)")
     add("--format", default="all", metavar="FMT[,FMT...]",
         help=f"formats to check besides float32: 'all' (default) or a comma list of {', '.join(embed.FORMATS)}")
-    add("--block-size", type=int, default=32,
-        help="int8 / int4: columns per scale (default 32; int4 lookups need a power of two >= 16)")
+    add("--block-size", type=int, default=graphs.export.BLOCK_SIZE,
+        help=f"int8 / int4: columns per scale (default {graphs.export.BLOCK_SIZE}, as graphs.export's; int4 lookups need "
+             "a power of two >= 16)")
     add("--accuracy-level", type=int, choices=graphs.precision.ACCURACY_LEVELS, default=4,
         help="int8 / int4 heads (MatMulNBits): 4 (default, the fastest) quantizes the hidden vector to int8 per block "
              "too, 0 multiplies it in float32 with the decoded codes; the head is checked against that level's bound")
@@ -88,9 +90,7 @@ def parse(argv=None, description=""):
     p = parser(description)
     args = p.parse_args(argv)
     try:
-        embed.param_count(args.vocab_size, args.width)
-        if args.vocab_size < 2:
-            raise ValueError(f"--vocab-size must be >= 2, got {args.vocab_size}")
+        graphs.export.check_size(args.vocab_size, args.width)  # the smallest table export takes too
         if args.vocab_size * args.width > MAX_VALUES:
             raise ValueError(f"--vocab-size x --width must be <= {MAX_VALUES} (the reference is pure Python)")
         if not args.ids:
