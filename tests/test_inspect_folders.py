@@ -396,11 +396,47 @@ def test_a_file_linked_from_outside_the_folder_is_refused(tmp_path):
     assert done.returncode == 2 and "not inside" in done.stderr
 
 
-def test_retie_a_split_folder_says_what_it_leaves_and_writes_nothing(tmp_path):
-    out = tmp_path / "out"
-    done = run_inspect(os.path.join(FOLDERS, "split_gpt2"), "--retie", out)
-    assert done.returncode == 0 and "transposed_duplicate across files): left as it is" in done.stdout
-    assert "nothing to do" in done.stdout and not out.exists()
+def with_head_input(path, out):
+    """A copy of the decoder at `path` that also outputs what its last MatMul (the head) multiplies: the hidden."""
+    m = onnx.load(path)
+    head = [n for n in m.graph.node if n.op_type == "MatMul"][-1]
+    m.graph.output.append(helper.make_tensor_value_info(head.input[0], TensorProto.FLOAT, None))
+    onnx.save(m, out)
+    return head.input[0]
+
+
+def test_retie_a_split_folder_points_the_decoders_head_at_the_lookups_table(tmp_path):
+    # said "left as it is (a head is not yet pointed at another file's table)" before
+    import onnxruntime as ort
+    source, out = os.path.join(FOLDERS, "split_gpt2"), tmp_path / "retied"
+    done = run_inspect(source, "--retie", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(os.listdir(out)) == ["config.json", "decoder_model.onnx", "embed_tokens.onnx",
+                                       "generation_config.json", "model.data"]
+    lookup = external(out / "embed_tokens.onnx", "transformer.wte.weight")
+    head = external(out / "decoder_model.onnx", "transformer.wte.weight")
+    assert lookup == head and lookup[1] % 4096 == 0  # the head reads the lookup's bytes of the one data file
+    table = numpy_helper.to_array(onnx.load(os.path.join(source, "embed_tokens.onnx")).graph.initializer[0])
+    data = np.fromfile(out / "model.data", np.uint8).tobytes()
+    assert data.count(table.tobytes()) == 1 and table.T.copy().tobytes() not in data
+    (entry,) = [v for v in findings(out)["across_files"]["vocabulary"] if v["kind"] == "token"]
+    assert (entry["copies_on_disk"], entry["in_memory"]["defaults"]["copies"]) == (1, 1)
+    # the pair as a client runs it: the lookup's rows into the decoder, whose logits stay within the float32 bound
+    # of the exact product of the hidden (read from the original) and the table
+    hidden_name = with_head_input(os.path.join(source, "decoder_model.onnx"), tmp_path / "seen.onnx")
+    ids = np.array([[3, 17, 200, 1, 255]])
+    embeds = ort.InferenceSession(str(out / "embed_tokens.onnx")).run(None, {"input_ids": ids})[0]
+    assert np.array_equal(embeds, table[ids])
+    feeds = {"inputs_embeds": embeds, "attention_mask": np.ones((1, 5), np.int64),
+             "position_ids": np.arange(5)[None]}
+    logits, hidden = ort.InferenceSession(str(tmp_path / "seen.onnx")).run(["logits", hidden_name], feeds)
+    (retied,) = ort.InferenceSession(str(out / "decoder_model.onnx")).run(["logits"], feeds)
+    h = hidden.astype(np.float64)
+    exact = h @ table.T.astype(np.float64)
+    bound = WIDTH * 2.0**-24 / (1 - WIDTH * 2.0**-24) * (np.abs(h) @ np.abs(table.T.astype(np.float64)))
+    for scores in (logits, retied):
+        assert np.all(np.abs(scores - exact) <= bound)
+    assert not np.array_equal(logits, np.zeros_like(logits))
 
 
 def test_retie_a_genai_folder_keeps_its_config_naming_the_decoder(tmp_path):

@@ -9,7 +9,7 @@ from runtime.inspect.reading import InspectError, load
 from runtime.inspect.retie_edits import const, drop_dead, shell, unique_name, view_of
 from runtime.inspect.retie_packed import gather_head_codes, gather_packed_in_place, packed_duplicate, packed_shared
 from runtime.resident import copies_held, prepacked_copies
-from runtime.inspect.relations import copy_key, runtime_copies
+from runtime.inspect.relations import copy_key, runtime_copies, stored_as_table
 from runtime.inspect.walk import lookup_ids
 
 
@@ -131,6 +131,21 @@ def _gemm_head(graph, model, node, table, vocab, width):
     for offset, n in enumerate(new):
         graph.node.insert(at + offset, n)
     return output, hidden
+
+
+def borrow(model, sources, head, owner, table):
+    """Point `head` (an entry of `model`, a file that holds no lookup of the table) at `table`, an initializer of
+    another file's model `owner` with the same values: the table is declared in `model` too (its data, in `sources`,
+    read from `owner`'s file; saved together with `owner` it is stored once, graphs.together) and the head becomes a
+    Gemm(transB=1) on its run-time view, as rewrite() makes a head in one file; the head's own copy is dropped.
+    The rewritten entry, as rewrite() lists them."""
+    graph = model.proto.graph
+    name = unique_name(graph, model, table["initializer"])
+    sources[name] = shell(graph, name, owner.tensors[table["initializer"]].values())
+    entry = _gemm_head(head["body"], model, head["node"], name, table["vocab"], table["width"])
+    drop_dead(graph)
+    sources.pop(head["initializer"], None)
+    return entry + (head["initializer"], not stored_as_table(head), name)
 
 
 def planned(model, found, say):

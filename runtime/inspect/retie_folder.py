@@ -8,7 +8,8 @@ from onnx import TensorProto
 
 from graphs.together import save_together
 from runtime.inspect import memory, sidecars
-from runtime.inspect.retie import planned, proven, rewritten_line
+from runtime.inspect.relations import stored_as_table
+from runtime.inspect.retie import borrow, planned, proven, rewritten_line
 from runtime.inspect.sidecars import GENAI_CONFIG
 
 DATA = "model.data"  # the one data file OUT's models share
@@ -18,9 +19,12 @@ def retie_folder(result, out, scratch, limits, say):
     """Retie the folder `result` describes (folder.inspect_folder) into the new folder `out`; the exit status: 0
     written (or nothing to do), 1 a file's proof failed (nothing written)."""
     models, changed = [], 0
+    borrowed = _borrowed_tables(result, say)
     for i, item in enumerate(result["items"]):
         model, info, name = item["model"], item["info"], item["file"]
         rewritten, sources = planned(model, info, lambda line: say(line.replace("retie: ", f"retie: {name}: ", 1)))
+        for head, owner, table in borrowed.get(name, []):
+            rewritten.append(borrow(model, sources, head, owner["model"], table))
         if rewritten:
             where = os.path.join(scratch, f"retie{i}")
             os.mkdir(where)
@@ -36,11 +40,6 @@ def retie_folder(result, out, scratch, limits, say):
                        if t.data_location == TensorProto.EXTERNAL}
         models.append((name, model.proto, sources))
     pairs = result["across"]["pairs"]
-    kept = {name: {t.name for t in proto.graph.initializer} for name, proto, _ in models}  # after each file's retie
-    for p in pairs:
-        if p["relation"] == "transposed_duplicate" and all(side["name"] in kept[side["file"]] for side in (p["a"], p["b"])):
-            say(f"retie: {p['a']['file']} {p['a']['name']} / {p['b']['file']} {p['b']['name']} (transposed_duplicate "
-                "across files): left as it is (a head is not yet pointed at another file's table)\n")
     if not changed and not any(p["relation"] == "duplicate" for p in pairs):  # nothing one data file would merge
         say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
@@ -62,6 +61,43 @@ def retie_folder(result, out, scratch, limits, say):
     for line in sidecars.copy_beside(os.path.join(result["folder"], anchor), os.path.join(out, anchor)):
         say(f"retie: {line}\n")
     return 0
+
+
+def _borrowed_tables(result, say):
+    """{file: [(head entry, the item whose file holds the table, table entry)]}: each float32 head of a token table
+    in a file that looks none of that table's rows up (a split decoder beside embed_tokens.onnx), whose values are
+    the table's (a duplicate, or a transposed one) but stored apart. Such a head is pointed at the table itself
+    (borrow); any other is said to be left, and why."""
+    borrowed = {}
+    for group in result["across"]["vocabulary"]:
+        if group["kind"] != "token":
+            continue
+        owner, table, _ = next(m for m in group["members"] if m[2] == "lookup")
+        looked_up = {it["file"] for it, _, role in group["members"] if role == "lookup"}
+        for item, head, role in group["members"]:
+            if role != "head" or item["file"] in looked_up or head["initializer"] == table["initializer"] and \
+                    item is owner:
+                continue
+            why = _why_not_borrowed(table, head)
+            if why:
+                say(f"retie: {owner['file']} {table['initializer']} / {item['file']} {head['initializer']} (a copy "
+                    f"across files): left as it is ({why})\n")
+            else:
+                borrowed.setdefault(item["file"], []).append((head, owner, table))
+    return borrowed
+
+
+def _why_not_borrowed(table, head):
+    if table["format"] != "float32" or head["format"] != "float32":
+        return f"a {head['format']} head: --retie points float32 heads at another file's table"
+    if not stored_as_table(table):
+        return "the table is stored [width, vocab]"
+    if head.get("graph", "main") != "main" and not all(
+            step.endswith((".then_branch", ".else_branch")) for step in head["graph"].split("/")[1:]):
+        return f"read inside a Loop or Scan body ({head['graph']})"
+    if "Reshape" in head["views"]:
+        return "read through a Reshape that is not the table's own shape"
+    return None
 
 
 def _disk_bytes(result):
