@@ -4,6 +4,7 @@ import sys
 
 from embed import FORMATS, OneLineParser, UsageError, check_fits, run_cli  # argparse with one-line errors, exit 2
 from graphs.precision import ACCURACY_LEVELS
+from graphs import serve
 from graphs.builders import gather_lookup, neighbors, onehot_lookup, scaled_lookup, tied_logits, untied_logits
 from graphs.storage import check_folder, data_path, save
 from graphs.table import make_table
@@ -57,6 +58,10 @@ def _parser():
                         help="int8 / int4 heads in the block layout (MatMulNBits): 4 (default) also quantizes the "
                              "hidden vector to int8 per block, 0 multiplies in float32")
     parser.add_argument("--force", action="store_true", help="replace files that already exist")
+    parser.add_argument("--netron", action="store_true", help="then serve the graphs in Netron, one address each "
+                        "(printed), until Ctrl-C")
+    parser.add_argument("--port", type=int, default=serve.DEFAULT_PORT, help=f"--netron: the first graph's port, the "
+                        f"others on the ports after it (default {serve.DEFAULT_PORT}; 0: free ports the system picks)")
     return parser
 
 
@@ -67,6 +72,9 @@ def main(argv=None):
         check_folder(args.dir, "DIR")  # a folder (or one to make) that can be written, UTF-8
         check_size(args.vocab_size, args.width)
         check_fits(COPIES * 4 * args.vocab_size * args.width, f"--vocab-size {args.vocab_size} x --width {args.width}")
+        if args.netron:  # before anything is written
+            serve.check_netron()
+            serve.check_ports(args.port, len(FILES))
     except (UsageError, ValueError) as e:
         parser.error(str(e))
     block_size = args.block_size if args.format in ("int8", "int4") else None
@@ -88,6 +96,12 @@ def main(argv=None):
     except OSError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
+    if args.netron:
+        try:
+            return serve.serve(paths, args.port)
+        except OSError as e:  # a port taken since it was checked
+            print(f"{parser.prog}: error: --netron: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -1,17 +1,74 @@
-"""Netron, for real: exported graphs served by the netron package and rendered in headless Chromium."""
+"""Netron, for real: exported graphs served by `graphs.export DIR --netron` until Ctrl-C, and served by the netron
+package and rendered in headless Chromium."""
 import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
 
 import pytest
 
+from graphs.export import FILES
 from graphs.export import main as export
 from tests import netron_view
 
-if not netron_view.chromium():
-    if os.environ.get("CI"):
-        raise RuntimeError("chromium is missing on CI: .ci/run should have installed it")
-    pytest.skip("no chromium on this machine (apt-get install chromium)", allow_module_level=True)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+if not netron_view.chromium() and os.environ.get("CI"):
+    raise RuntimeError("chromium is missing on CI: .ci/run should have installed it")
+needs_chromium = pytest.mark.skipif(not netron_view.chromium(), reason="no chromium on this machine (apt-get install "
+                                                                       "chromium)")
 
 
+def _served(process):
+    """{url: path} from the lines `--netron` prints, read until it says it is serving."""
+    urls = {}
+    for line in process.stdout:
+        found = re.match(r"netron: (http://\S+)  (\S+)$", line.rstrip("\n"))
+        if found:
+            urls[found.group(1)] = found.group(2)
+        if line.startswith("serving until Ctrl-C"):
+            return urls
+    raise AssertionError(f"--netron ended before serving: {process.stderr.read()}")
+
+
+def test_export_netron_serves_every_graph_until_ctrl_c(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "graphs.export", str(tmp_path), "--vocab-size", "64", "--width",
+                                "8", "--netron", "--port", "0"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        urls = _served(process)
+        assert sorted(os.path.basename(p) for p in urls.values()) == sorted(FILES)
+        for url, path in urls.items():  # each address serves Netron's page, which names the model it loads
+            page = urllib.request.urlopen(url, timeout=30).read().decode()
+            assert "<title>Netron</title>" in page
+            model = re.search(r'<meta name="file" content="([^"]+)">', page).group(1)
+            with open(path, "rb") as f:  # and that model is the file written
+                assert urllib.request.urlopen(url + model, timeout=30).read() == f.read()
+        assert process.poll() is None  # still serving
+    finally:
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 0 and out == "netron: stopped\n" and err == "", err
+    with pytest.raises(OSError):  # the servers went with it
+        urllib.request.urlopen(next(iter(urls)), timeout=5)
+
+
+def test_export_netron_refuses_a_taken_port_before_writing(tmp_path):
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "graphs.export", str(tmp_path / "out"), "--netron", "--port",
+                               str(port - 2)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"python -m graphs.export: error: --port: localhost:{port} cannot be listened on")
+    assert not (tmp_path / "out").exists()
+
+
+@needs_chromium
 def test_netron_renders_the_exported_graphs(tmp_path):
     assert export([str(tmp_path), "--vocab-size", "64", "--width", "8"]) == 0
     names = ["tied_logits", "onehot_lookup", "neighbors_dot"]
@@ -28,6 +85,7 @@ def test_netron_renders_the_exported_graphs(tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
 
 
+@needs_chromium
 def test_netron_renders_a_quantized_tied_head(tmp_path):
     assert export([str(tmp_path), "--vocab-size", "64", "--width", "32", "--format", "int4", "--block-size", "16"]) == 0
     labels = ("GatherBlockQuantized", "MatMulNBits", "DequantizeLinear", "FusedMatMul")
