@@ -447,3 +447,35 @@ def test_retie_a_genai_folder_keeps_its_config_naming_the_decoder(tmp_path):
     assert json.load(open(out / "genai_config.json"))["model"]["decoder"]["filename"] == "model.onnx"
     (entry,) = [v for v in findings(out)["across_files"]["vocabulary"] if v["kind"] == "token"]
     assert entry["in_memory"]["defaults"]["copies"] == 1
+
+
+def test_the_proof_feeds_a_decoder_what_its_encoder_makes(tmp_path):
+    # the decoder was proven on random encoder_hidden_states before
+    import onnxruntime as ort
+
+    from runtime.inspect import isolated
+    from runtime.inspect.feeds import shaped_feeds
+    from runtime.inspect.folder import inspect_folder
+    from runtime.inspect.proof import _fed_from
+    from runtime.inspect.retie_folder import upstream
+    source = os.path.join(FOLDERS, "optimum_t5")
+    result = inspect_folder(source, str(tmp_path), isolated.Limits(), static=True)
+    (fed,) = upstream(result["items"])["decoder_model_merged.onnx"]
+    assert (fed["input"], fed["output"]) == ("encoder_hidden_states", "last_hidden_state")
+    assert upstream(result["items"])["encoder_model.onnx"] == []
+    decoder = result["items"][1]
+    feeds = shaped_feeds(decoder["model"].proto, decoder["info"]["rows"], decoder["info"]["shape"], 3)
+    made = _fed_from(feeds, fed)
+    length = feeds["encoder_hidden_states"].shape[1]
+    # what the encoder gives, run here on ids of that length within its rows
+    ids = {"input_ids": np.array([[5, 17, 200][:length]]), "attention_mask": np.ones((1, length), np.int64)}
+    expected = ort.InferenceSession(os.path.join(source, "encoder_model.onnx")).run(["last_hidden_state"], ids)[0]
+    assert made["encoder_hidden_states"].shape == expected.shape
+    assert not np.array_equal(made["encoder_hidden_states"], feeds["encoder_hidden_states"])
+    # the encoder's output for its proof ids: a T5 encoder's rows are normalized, so values stay within a band
+    rerun = ort.InferenceSession(os.path.join(source, "encoder_model.onnx")).run(
+        ["last_hidden_state"], shaped_feeds(result["items"][0]["model"].proto, result["items"][0]["info"]["rows"],
+                                            result["items"][0]["info"]["shape"], length))[0]
+    assert np.array_equal(made["encoder_hidden_states"].view(np.uint32), rerun.view(np.uint32))
+    assert {k: v.tobytes() for k, v in made.items() if k != "encoder_hidden_states"} == \
+        {k: v.tobytes() for k, v in feeds.items() if k != "encoder_hidden_states"}

@@ -1,5 +1,5 @@
-"""The retie proof: both models run on the same random inputs; heads agree within float32's bound, the rest
-bit for bit. It runs in the isolated child (runtime.inspect.isolated), since it opens sessions on an untrusted
+"""The retie proof: both models run on the same decoder feeds (feeds.plan's; in a folder, an input another file
+makes is that file's output); heads agree within float32's bound, the rest bit for bit. It runs in the isolated child (runtime.inspect.isolated), since it opens sessions on an untrusted
 model and runs onnx's shape inference on it."""
 import os
 
@@ -121,6 +121,8 @@ def prove(job):
             raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
                                 f"({describe(dict(job['shape'], lengths=[sequence]))}): {e}") from None
         for branch, feeds in runs:
+            for upstream in job.get("upstream", []):
+                feeds = _fed_from(feeds, upstream)
             try:
                 old = _outputs(before.proto, folder, watched, feeds)
             except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
@@ -141,6 +143,25 @@ def _branch_feeds(model, rows, shape, sequence):
         return [("", feeds)]
     return [(", use_cache_branch true", feeds),
             (", use_cache_branch false", dict(feeds, use_cache_branch=np.zeros_like(feeds["use_cache_branch"])))]
+
+
+def _fed_from(feeds, upstream):
+    """`feeds` with input upstream["input"] replaced by what the file that makes it gives: upstream {input, output,
+    checked, rows, shape} names another file of the folder (the encoder whose last_hidden_state a decoder reads as
+    encoder_hidden_states, the embed_tokens.onnx whose rows a split decoder reads as inputs_embeds), run as checked
+    on its own feeds of the same sequence length."""
+    name = upstream["input"]
+    if name not in feeds or feeds[name].ndim < 2:
+        return feeds
+    data, folder = source(upstream["checked"])
+    producer = load(upstream["checked"]["path"], data=data)
+    del data
+    made = shaped_feeds(producer.proto, upstream["rows"], upstream["shape"], feeds[name].shape[1])
+    session = Runner(producer.proto, data_folder=folder).session
+    (value,) = session.run([upstream["output"]], made)
+    if value.shape != feeds[name].shape or value.dtype != feeds[name].dtype:
+        return feeds  # not the input it feeds, after all: the random one stays
+    return dict(feeds, **{name: value})
 
 
 def _outputs_of(run):

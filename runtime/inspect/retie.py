@@ -5,6 +5,7 @@ from onnx import TensorProto, helper
 
 import graphs
 from runtime.inspect import isolated, memory, sidecars
+from runtime.inspect.feeds import describe
 from runtime.inspect.reading import InspectError, load
 from runtime.inspect.retie_edits import const, drop_dead, shell, unique_name, view_of
 from runtime.inspect.retie_packed import gather_head_codes, gather_packed_in_place, packed_duplicate, packed_shared
@@ -161,15 +162,17 @@ def planned(model, found, say):
     return rewritten, sources
 
 
-def proven(model, found, rewritten, sources, folder, limits):
+def proven(model, found, rewritten, sources, folder, limits, upstream=()):
     """Stage the rewritten model in `folder`, prove it (isolated) and count the copies a session would hold under
     onnxruntime's defaults: (staged path, {table now: copies held}, failures: empty when proven). InspectError
-    when the original cannot be run on the proof's feeds (nothing about the retie is known)."""
+    when the original cannot be run on the proof's feeds (nothing about the retie is known). `upstream`: the inputs
+    other files of a folder make (proof._fed_from)."""
     staged = os.path.join(folder, "retied.onnx")
     limits.progress("writing the retied model to the scratch folder, to prove it")
     graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
     job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged,
-           "rewritten": rewritten, "rows": found["rows"], "folder": folder, "shape": found["shape"]}
+           "rewritten": rewritten, "rows": found["rows"], "folder": folder, "shape": found["shape"],
+           "upstream": list(upstream)}
     try:
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
@@ -214,7 +217,7 @@ def retie(model, found, out_path, folder, limits, say):
     written = graphs.save(model.proto, out_path, check=False, sources=sources)  # the model the child checked
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     size = sum(os.path.getsize(p) for p in written)
-    say(rewritten_line(rewritten))
+    say(rewritten_line(rewritten, model, found["shape"]))
     before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
     for table, original in {final: original for _, _, original, _, final in rewritten}.items():
         say(f"retie: in memory under onnxruntime's default SessionOptions: {held[table]} cop"
@@ -225,12 +228,19 @@ def retie(model, found, out_path, folder, limits, say):
     return 0
 
 
-def rewritten_line(rewritten, where=""):
-    """The line that says what a proven retie rewrote (`where`: the file's name and ': ', in a folder)."""
-    kept = sorted({final for *_, final in rewritten})
+def rewritten_line(rewritten, model, shape, where="", fed=()):
+    """The line that says what a proven retie of `model` rewrote and on which feeds (feeds.plan's `shape`; `fed`:
+    the inputs another file made, retie_folder.upstream); `where`: the file's name and ': ', in a folder."""
+    kept = ", ".join(sorted({final for *_, final in rewritten}))
     heads = sum(hidden is not None for _, hidden, *_ in rewritten)
-    return (f"retie: {where}{kept} now read in place by the lookups and heads that share them ({heads} head(s) "
-            "rewritten); outputs equal on random inputs (heads within 2 gamma_w sum|a b|, the rest bit for bit)\n")
+    lookups = len(rewritten) - heads
+    changed = [f"{heads} head{'s' if heads != 1 else ''} now a Gemm on its run-time view"] if heads else []
+    changed += [f"{lookups} lookup{'s' if lookups != 1 else ''} now reading the head's codes"] if lookups else []
+    branches = any(v.name == "use_cache_branch" for v in model.proto.graph.input)
+    feeds = describe(shape) + (", both branches of use_cache_branch" if branches else "") + "".join(
+        f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
+    return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "
+            "heads within 2 gamma_w sum|a b|, every other output bit for bit\n")
 
 
 def _growth(measured):

@@ -19,7 +19,7 @@ def retie_folder(result, out, scratch, limits, say):
     """Retie the folder `result` describes (folder.inspect_folder) into the new folder `out`; the exit status: 0
     written (or nothing to do), 1 a file's proof failed (nothing written)."""
     models, changed = [], 0
-    borrowed = _borrowed_tables(result, say)
+    borrowed, fed = _borrowed_tables(result, say), upstream(result["items"])
     for i, item in enumerate(result["items"]):
         model, info, name = item["model"], item["info"], item["file"]
         rewritten, sources = planned(model, info, lambda line: say(line.replace("retie: ", f"retie: {name}: ", 1)))
@@ -28,12 +28,12 @@ def retie_folder(result, out, scratch, limits, say):
         if rewritten:
             where = os.path.join(scratch, f"retie{i}")
             os.mkdir(where)
-            _, _, failures = proven(model, info, rewritten, sources, where, limits)
+            _, _, failures = proven(model, info, rewritten, sources, where, limits, fed[name])
             if failures:
                 say(f"retie: {name}: " + (failures[0] if failures[0].startswith("failed") else
                                           f"not proven, nothing written: {failures[0]}") + "\n")
                 return 1
-            say(rewritten_line(rewritten, f"{name}: "))
+            say(rewritten_line(rewritten, model, info["shape"], f"{name}: ", fed[name]))
             changed += 1
         else:  # as it is, its external tensors read from their files as they are written
             sources = {t.name: model.tensors[t.name].raw() for t in model.proto.graph.initializer
@@ -61,6 +61,26 @@ def retie_folder(result, out, scratch, limits, say):
     for line in sidecars.copy_beside(os.path.join(result["folder"], anchor), os.path.join(out, anchor)):
         say(f"retie: {line}\n")
     return 0
+
+
+FED = {"encoder_hidden_states": "last_hidden_state"}  # a decoder's input -> the encoder output it is (Optimum)
+
+
+def upstream(items):
+    """{file: [{input, output, checked, rows, shape}]}: each input of a file that another file of the folder makes
+    (an output of the same name, as embed_tokens.onnx makes a split decoder's inputs_embeds; or FED's), so that the
+    proof feeds what the client feeds (proof._fed_from)."""
+    outputs = {o.name: it for it in items for o in it["model"].proto.graph.output}
+    fed = {}
+    for it in items:
+        fed[it["file"]] = []
+        for value in it["model"].proto.graph.input:
+            made = FED.get(value.name, value.name)
+            maker = outputs.get(made)
+            if maker is not None and maker is not it:
+                fed[it["file"]].append({"input": value.name, "output": made, "checked": maker["model"].checked,
+                                        "rows": maker["info"]["rows"], "shape": maker["info"]["shape"]})
+    return fed
 
 
 def _borrowed_tables(result, say):
