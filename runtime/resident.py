@@ -65,16 +65,17 @@ def session_growth(path, feeds, prepacking=True, disabled_optimizers=(), data_fo
 
 
 def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=proportional):
-    """{resident_bytes, anonymous_bytes, file_bytes}: what sessions on every model of `models` [(path or
+    """{resident_bytes, anonymous_bytes, file_bytes, peak_bytes}: what sessions on every model of `models` [(path or
     serialized model, data folder or None, feeds)], all held at once in this process as a client holds them, add
-    after one run each, as `measure` reads it (Pss by default: pages two sessions map count once); for a fresh
-    process, like session_growth."""
+    after one run each, as `measure` reads it (Pss by default: pages two sessions map count once), and the most
+    resident memory (RSS) they added at any moment on the way (None where Linux does not say); for a fresh process,
+    like session_growth."""
     import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
 
     from runtime.runner import read_data_from
     _warm()
     gc.collect()
-    before = measure()
+    before, peaks = measure(), _reset_peak()
     sessions = []
     for model, data_folder, feeds in models:
         sessions.append(ort.InferenceSession(model, read_data_from(options(prepacking), data_folder),
@@ -82,9 +83,21 @@ def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=pro
                                              disabled_optimizers=set(disabled_optimizers)))
         sessions[-1].run(None, feeds)
     after = measure()
+    peak = _kib("/proc/self/status", ("VmHWM",)).get("VmHWM") if peaks else None
     del sessions
     return {"resident_bytes": after.rss - before.rss, "anonymous_bytes": after.anonymous - before.anonymous,
-            "file_bytes": after.file - before.file}
+            "file_bytes": after.file - before.file, "peak_bytes": None if peak is None else peak - peaks}
+
+
+def _reset_peak():
+    """Reset this process's resident high-water mark (VmHWM) to what it holds now, as Linux allows a process for
+    itself (/proc/self/clear_refs "5"): the RSS it holds then, or None where it cannot (the peak is not given)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return resident().rss
+    except OSError:
+        return None
 
 
 def readers(model):

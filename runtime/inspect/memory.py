@@ -12,7 +12,7 @@ RESOLUTION = 16 * 2**20  # below this a table's ratio is not given: a session's 
 def measure(model, rows, shape, folder, limits, model_bytes, side_by_side=False):
     """`model`: {"checked": a Model's checked} (the user's model) or {"model": path} (one this tool wrote).
 
-    {setting: {resident_bytes, anonymous_bytes, file_bytes} or None, "error": why} for each of SETTINGS, each
+    {setting: {resident_bytes, anonymous_bytes, file_bytes, peak_bytes} or None, "error": why} for each of SETTINGS, each
     in a fresh isolated child, on the feeds `shape` (runtime.inspect.feeds.plan) describes; `side_by_side`: the
     children run at once (each measures its own resident set, which another process mapping the same file does not
     change). None where onnxruntime refuses to run the model on the proof's feeds; a crash or time-out is an
@@ -71,7 +71,7 @@ def held(copies, figures, table_bytes, other_bytes):
     """One setting's entry of `in_memory`: `copies`, and the measured `figures` (None: not measured) with their
     times_table."""
     if figures is None:
-        return {"copies": copies, "resident_bytes": None, "anonymous_bytes": None, "file_bytes": None,
+        return {"copies": copies, "resident_bytes": None, "anonymous_bytes": None, "file_bytes": None, "peak_bytes": None,
                 "times_table": None}
     return {"copies": copies, **figures, "times_table": (round((figures["resident_bytes"] - other_bytes) / table_bytes, 2)
                                                         if table_bytes >= RESOLUTION else None)}

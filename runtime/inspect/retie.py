@@ -218,11 +218,12 @@ def retie(model, found, out_path, folder, limits, say):
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     size = sum(os.path.getsize(p) for p in written)
     say(rewritten_line(rewritten, model, found["shape"]))
-    before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
+    was = {v["table"]: v for v in found["vocabulary"]}
     for table, original in {final: original for _, _, original, _, final in rewritten}.items():
-        say(f"retie: in memory under onnxruntime's default SessionOptions: {held[table]} cop"
-            f"{'y' if held[table] == 1 else 'ies'} of {table} (was {before.get(original, '?')}){_growth(measured)}\n")
-    say(f"retie: wrote {out_path}: {model.file_bytes} -> {size} bytes on disk (saved {model.file_bytes - size})\n")
+        say(gained_line(table, held[table], was.get(original), measured.get("defaults")))
+    saved = model.file_bytes - size
+    say(f"retie: wrote {out_path}: {model.file_bytes} -> {size} bytes on disk "
+        f"({f'saved {saved}' if saved >= 0 else f'{-saved} bytes more'})\n")
     for line in sidecars.copy_beside(model.path, out_path):
         say(f"retie: {line}\n")
     return 0
@@ -243,11 +244,21 @@ def rewritten_line(rewritten, model, shape, where="", fed=()):
             "heads within 2 gamma_w sum|a b|, every other output bit for bit\n")
 
 
-def _growth(measured):
-    """', a session adds X MiB after a run (defaults; Y with prepacking off)', or '' when not measured."""
-    on, off = measured.get("defaults"), measured.get("no_prepacking")
-    if on is None or off is None:
-        return ""
-    return (f"; a session adds {on['resident_bytes'] / 2**20:.1f} MiB resident after a run "
-            f"({on['anonymous_bytes'] / 2**20:.1f} anonymous; {off['resident_bytes'] / 2**20:.1f} MiB with "
-            f"{memory.NO_PREPACKING})")
+def gained_line(table, copies, was, figures):
+    """The line that says what a retie gained in a session under onnxruntime's defaults: the copies of `table` it
+    holds and, where measured (memory.measure's `figures`, the vocabulary entry `was` before), what it adds after a
+    run and at its peak, against the original's; and why, where the copies stay as they were."""
+    def mib(entry, key):
+        value = None if entry is None else entry.get(key)
+        return "?" if value is None else f"+{value / 2**20:.1f} MiB"
+
+    before = None if was is None else was["in_memory"]["defaults"]
+    counted = "?" if was is None else was["tables_in_memory"]
+    line = (f"retie: under onnxruntime's default SessionOptions a session holds {copies} cop"
+            f"{'y' if copies == 1 else 'ies'} of {table} (was {counted})")
+    if figures is not None:
+        line += (f": {mib(figures, 'resident_bytes')} resident after a run (was {mib(before, 'resident_bytes')}), "
+                 f"at most {mib(figures, 'peak_bytes')} on the way (was {mib(before, 'peak_bytes')})")
+    if copies == counted and copies > 1:
+        line += "; the head's kernel prepacks its own copy of the codes, with or without the retie"
+    return line + "\n"
