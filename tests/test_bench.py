@@ -1,6 +1,7 @@
 """runtime.bench's pieces at toy sizes: they run and report consistent figures. No timing is asserted here."""
 import json
 import os
+import re
 
 import numpy as np
 
@@ -102,3 +103,61 @@ def test_bad_output_paths_are_refused_before_measuring(tmp_path):
                               timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert os.listdir(tmp_path) == []
+
+
+def _tables(text):
+    """{region name: (rows of cells, the line after the table)} of every <!-- bench:NAME --> region in `text`,
+    each table checked to parse: a header, a separator row of as many columns, rows of as many cells."""
+    found = {}
+    for name, body in re.findall(r"<!-- bench:([a-z_]+) -->\n(.*?)<!-- /bench -->", text, re.S):
+        lines = body.rstrip("\n").split("\n")
+        table = [line for line in lines if line.startswith("|")]
+        cells = [[c.strip() for c in line.strip("|").split("|")] for line in table]
+        assert len(cells) >= 3 and all(len(row) == len(cells[0]) for row in cells), name
+        assert all(re.fullmatch(r":?-{3,}:?", c) for c in cells[1]), name
+        found[name] = (cells[2:], lines[-1])
+    return found
+
+
+def test_markdown_writes_every_table_with_the_run_it_comes_from(tmp_path):
+    results = bench.cli.about(quick=True)
+    results.update(seconds=12.0, command="python -m runtime.bench --quick")
+    results["lookups"] = bench.bench_lookups([64], 8, 0.005)
+    results["format_lookups"] = bench.bench_format_lookups([64, 256], 8, 0.005)
+    results["packed_rows"] = bench.lookups.bench_packed_rows(256, [1, 8], 0.005)
+    results["head"] = bench.bench_head([(64, 32)], [1, 4], 0.005, str(tmp_path))
+    results["memory"] = bench.bench_memory([(256, 16)], str(tmp_path))
+    results["formats"] = bench.bench_formats([(256, 64)], 0.005, str(tmp_path))
+    results["floor"] = bench.bench_floor(0.005)
+    page = tmp_path / "tables.md"
+    bench.cli.write_markdown(str(page), results)  # a new file: every table, each in its region
+    tables = _tables(page.read_text())
+    assert list(tables) == list(bench.markdown.TABLES)
+    stamp = f"*{results['date']}, {results['cpu']} ({os.cpu_count()} cores), onnxruntime {results['onnxruntime']}"
+    assert all(after.startswith(stamp) and after.endswith("; `--quick`*") for _, after in tables.values())
+    machine = dict((row[0], row[1]) for row in tables["machine"][0])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", machine["date (UTC)"])
+    assert machine["CPU"] == results["cpu"] and machine["cores"] == str(os.cpu_count())
+    assert machine["duration"] == "0.2 minutes" and machine["onnxruntime"] == results["onnxruntime"]
+    assert [row[1] for row in tables["formats"][0]] == list(embed.FORMATS) + ["bfloat16, constant folding off"]
+    assert tables["lookups"][0][0][:2] == ["64", "8"] and len(tables["targets"][0]) == len(bench.targets(results))
+    # a page of its own (BENCHMARKS.md): only the regions are rewritten, the prose around them kept
+    own = tmp_path / "own.md"
+    own.write_text("# Mine\n\nWords before.\n\n<!-- bench:floor -->\nstale\n<!-- /bench -->\n\nWords after.\n")
+    bench.cli.write_markdown(str(own), results)
+    text = own.read_text()
+    assert text.startswith("# Mine\n\nWords before.\n\n<!-- bench:floor -->\n| ") and text.endswith(
+        "<!-- /bench -->\n\nWords after.\n") and "stale" not in text and list(_tables(text)) == ["floor"]
+
+
+def test_markdown_refuses_a_page_it_cannot_fill_before_measuring(tmp_path):
+    import subprocess
+    import sys
+    (tmp_path / "plain.md").write_text("no regions here\n")
+    (tmp_path / "odd.md").write_text("<!-- bench:nonsense -->\n<!-- /bench -->\n")
+    for name, words in (("plain.md", "holds no <!-- bench:NAME -->"), ("odd.md", "no table named 'nonsense'")):
+        done = subprocess.run([sys.executable, "-m", "runtime.bench", "--markdown", str(tmp_path / name)],
+                              capture_output=True, text=True, timeout=60,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+        assert done.stderr.startswith("python -m runtime.bench: error: --markdown ")

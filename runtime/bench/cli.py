@@ -1,22 +1,29 @@
-"""The command: parse, run each section, print the report, write JSON and the plot."""
+"""The command: parse, run each section, print the report, write JSON, Markdown and the plot."""
+import datetime
 import json
 import os
+import platform
+import shlex
+import sys
 import tempfile
+import time
 
 import numpy as np
 import onnxruntime as ort
 
+import embed
 from embed import OneLineParser  # argparse with one-line errors, exit 2
 from graphs.storage import check_output, write_text
-from runtime.bench.head import bench_floor, bench_head
+from runtime.bench import markdown
 from runtime.bench.formats import bench_formats
+from runtime.bench.head import bench_floor, bench_head
 from runtime.bench.lookups import bench_format_lookups, bench_lookups, bench_packed_rows
 from runtime.bench.memory import bench_memory
 from runtime.bench.report import plot, plot_formats, report
 from runtime.bench.timing import stage
 
 
-def main(argv=None):
+def _parser():
     parser = OneLineParser(prog="python -m runtime.bench", description=(
         "Memory and speed at real vocabulary sizes, every figure a ratio to a baseline timed in the same run: "
         "a/b Gather against numpy's take and OneHot+MatMul; b' the lookup at every format (the median of seven "
@@ -24,28 +31,62 @@ def main(argv=None):
         "against numpy's best matmul; d resident memory a session adds; d' the memory meeting (every format, and "
         "bfloat16 with constant folding off, at three sizes: bytes, resident, ms per token and per 64 tokens, "
         "against numpy and the byte floor, accuracy); e the per-run floor. Progress on stderr, the report on "
-        "stdout, then the targets met or not."))
+        "stdout, then the targets met or not. The full sweep takes about 50 minutes on 2 cores, --quick a few."))
     parser.add_argument("--quick", action="store_true", help="smaller sweep (GPT-2's size only), a few minutes")
     parser.add_argument("--json", metavar="PATH", help="also write every figure as JSON")
+    parser.add_argument("--markdown", metavar="FILE", help="also write the figures as Markdown tables, each with the "
+                        "date and machine of the run: into the <!-- bench:NAME --> ... <!-- /bench --> regions of "
+                        "FILE if it exists (BENCHMARKS.md), else a new file holding every table")
     parser.add_argument("--plot", metavar="FILE.png", help="plot the ratios, and the memory meeting beside it as "
                         "FILE_formats.png (needs matplotlib)")
-    args = parser.parse_args(argv)
-    for flag, target in (("--json", args.json), ("--plot", args.plot)):
-        try:
-            if target is not None:  # before an hour of measuring, not after it
+    return parser
+
+
+def _check_outputs(parser, args):
+    """Refuse a bad --json / --markdown / --plot before an hour of measuring, not after it."""
+    try:
+        for flag, target in (("--json", args.json), ("--markdown", args.markdown), ("--plot", args.plot)):
+            if target is not None:
                 check_output(target, flag)
-        except ValueError as e:
-            parser.error(str(e))
+        if args.markdown is not None:
+            markdown.check_target(args.markdown)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        parser.error(str(e))
     if args.plot:
         try:
             import matplotlib  # noqa: F401  (fail before minutes of measuring, not after)
         except ImportError:
             parser.error("--plot needs matplotlib, which is optional: ./lab_env/python -m pip install matplotlib")
-    budget = 0.1 if args.quick else 0.5
-    vocabs = [8192, 131072] if args.quick else [1024, 8192, 32768, 131072]
-    sizes = [(50257, 768)] if args.quick else [(50257, 768), (128256, 1024)]
-    heads = [(50257, 768)] if args.quick else [(50257, 768), (128256, 4096)]
-    results = {"quick": args.quick, "onnxruntime": ort.__version__, "numpy": np.__version__, "cores": os.cpu_count()}
+
+
+def _cpu():
+    """The CPU's model name as the kernel reports it, and its widest vector extension (MLAS and OpenBLAS pick
+    their kernels by it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    field = lambda key: next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(key)), "")
+    flags = field("flags").split()
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+    return ", ".join(filter(None, [field("model name") or platform.machine(), vector]))
+
+
+def about(quick):
+    """The run's date (UTC) and machine: what every figure of it is to be read with."""
+    return {"quick": quick, "onnxruntime": ort.__version__, "numpy": np.__version__, "cores": os.cpu_count(),
+            "cpu": _cpu(), "memory_bytes": embed.physical_memory() or 0,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")}
+
+
+def _measure(quick):
+    """Every section's figures, and the run's date and machine."""
+    budget = 0.1 if quick else 0.5
+    vocabs = [8192, 131072] if quick else [1024, 8192, 32768, 131072]
+    sizes = [(50257, 768)] if quick else [(50257, 768), (128256, 1024)]
+    heads = [(50257, 768)] if quick else [(50257, 768), (128256, 4096)]
+    results = about(quick)
     stage("a/b: Gather against numpy's take and OneHot+MatMul")
     results["lookups"] = bench_lookups(vocabs, 256, budget)
     stage("b': the lookup at every format, small and large vocabulary")
@@ -57,15 +98,37 @@ def main(argv=None):
         results["head"] = bench_head(heads, [1, 64, 512], budget, folder)
         stage("d: resident memory a session adds")
         results["memory"] = bench_memory(sizes, folder)
-        formats = [(50257, 768)] if args.quick else [(50257, 768), (151936, 896), (128256, 4096)]
+        formats = [(50257, 768)] if quick else [(50257, 768), (151936, 896), (128256, 4096)]
         stage("d': every format's head: bytes, resident, time per token")
         results["formats"] = bench_formats(formats, budget, folder)
     stage("e: the per-run floor")
     results["floor"] = bench_floor(budget)
     stage()
+    return results
+
+
+def write_markdown(path, results):
+    """--markdown: the regions of an existing file rewritten, or a new file of every table."""
+    text = None
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    write_text(path, markdown.render(results, text))
+
+
+def main(argv=None):
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_outputs(parser, args)
+    started = time.monotonic()
+    results = _measure(args.quick)
+    results["seconds"] = time.monotonic() - started
+    results["command"] = " ".join(["python -m runtime.bench", shlex.join(sys.argv[1:] if argv is None else argv)]).strip()
     print(report(results))
     if args.json:
         write_text(args.json, json.dumps(results, indent=2))
+    if args.markdown:
+        write_markdown(args.markdown, results)
     if args.plot:
         plot(results, args.plot)
         if results.get("formats"):
