@@ -18,7 +18,7 @@ def report(info, path, out):
         v = info["vocabulary"][0]
         w(f"parameters: {v['parameters_counted']}, as Hugging Face counts them: {v['parameters_what']}\n")
     for v in info["vocabulary"]:
-        tie = f"tied to head {v['head']}" if v["tied"] else "not tied"
+        tie = _tie(v)
         w(f"vocabulary: {'position table' if v['kind'] == 'position' else 'table'} {v['table']} {v['vocab_size']} x "
           f"{v['width']} {v['format']}, {v['bytes']} bytes, {tie}; {v['parameter_share']:.1%} of the parameters, "
           f"{v['byte_share']:.1%} of the bytes\n")
@@ -27,13 +27,20 @@ def report(info, path, out):
         w(f"  in memory: {_held(v['in_memory'], info.get('measure_error'))}\n")
     if not info["vocabulary"]:
         w("vocabulary: no table (no Gather, GatherBlockQuantized or OneHot + MatMul reads rows from an initializer)\n")
-    w(f"  {'name':<32} {'dtype':<8} {'shape':<16} {'elements':>12} {'bytes':>12}\n")
+    names = max([32] + [len(i["name"]) for i in info["initializers"]])
+    shapes = max([16] + [len(str(i["shape"])) for i in info["initializers"]])
+    w(f"  {'name':<{names}} {'dtype':<8} {'shape':<{shapes}} {'elements':>12} {'bytes':>12}\n")
     for i in info["initializers"]:
-        w(f"  {i['name']:<32} {i['dtype']:<8} {str(i['shape']):<16} {i['elements']:>12} {i['bytes']:>12}\n")
+        w(f"  {i['name']:<{names}} {i['dtype']:<8} {str(i['shape']):<{shapes}} {i['elements']:>12} {i['bytes']:>12}\n")
     tables = [f"{t['initializer']} ({t['node'].op_type}{_views(t)})" for t in info["tables"]]
     w("tables (read by Gather/GatherBlockQuantized/OneHot+MatMul): " + (", ".join(tables) or "none") + "\n")
-    heads = [f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in info["heads"]]
-    w("heads (MatMul/Gemm/FusedMatMul/MatMulNBits/integer matmul weights): " + (", ".join(heads) or "none") + "\n")
+    shapes = {(t["vocab"], t["width"]) for t in info["tables"]}
+    logits = [f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in info["heads"]
+              if (h["vocab"], h["width"]) in shapes]
+    others = [h for h in info["heads"] if (h["vocab"], h["width"]) not in shapes]
+    ops = sorted({h["node"].op_type for h in others})
+    w("logits heads (a matmul weight of a table's shape): " + (", ".join(logits) or "none") +
+      (f"; other matmul weights: {len(others)} ({', '.join(ops)})" if others else "") + "\n")
     distinct = [p for p in info["pairs"] if p["relation"] == "distinct"]
     listed = [p for p in info["pairs"] if p["relation"] != "distinct" or len(distinct) <= _DISTINCT_LISTED]
     for p in listed:
@@ -56,8 +63,9 @@ def report(info, path, out):
             continue
         if c.get("view") == "prepacked":
             where = f" in {c['graph']}" if "graph" in c else ""
-            w(f"prepacked copy of {c['copy_of']}{where}: {c['bytes']} bytes made at load by {c['kernel']} node "
-              f"{c['node']!r} under onnxruntime's defaults (no initializer of the optimized model shows it)\n")
+            by = f"{c['kernel']} node {c['node']!r}" if c["node"] else f"a {c['kernel']} node"
+            w(f"prepacked copy of {c['copy_of']}{where}: {c['bytes']} bytes made at load by {by} under "
+              "onnxruntime's defaults (no initializer of the optimized model shows it)\n")
             continue
         what = f" = {c['copy_of']}{'' if c['view'] == 'same' else ' ' + c['view']}" if "copy_of" in c else ""
         where = f" in {c['graph']}" if "graph" in c else ""
@@ -87,6 +95,18 @@ def _details(v):
         else:
             yield (f"head {q['head']} holds these values quantized (largest difference {q['max_error_in_scales']:.3g} "
                    "of its scale): a copy up to rounding, not a tie")
+
+
+def _tie(v):
+    """'tied to head H' only where table and head are one tensor held once; a copy is called what it is."""
+    if not v["tied"]:
+        return "not tied"
+    if v["tie_relation"] != "shared":
+        return f"not one tensor: head {v['head']} holds a {v['tie_relation'].replace('_', ' ')} of it"
+    held = v["tables_in_memory"]
+    if held is not None and held > 1:
+        return f"one tensor with head {v['head']} on disk, held {held} times in memory"
+    return f"tied to head {v['head']}"
 
 
 def _copies(n):
