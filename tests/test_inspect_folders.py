@@ -479,3 +479,41 @@ def test_the_proof_feeds_a_decoder_what_its_encoder_makes(tmp_path):
     assert np.array_equal(made["encoder_hidden_states"].view(np.uint32), rerun.view(np.uint32))
     assert {k: v.tobytes() for k, v in made.items() if k != "encoder_hidden_states"} == \
         {k: v.tobytes() for k, v in feeds.items() if k != "encoder_hidden_states"}
+
+
+def split_with_quantized_head(tmp_path, codes_of):
+    """A split pair: embed_tokens.onnx looks rows of TABLE up; decoder_model.onnx scores with an int8 head,
+    DequantizeLinear(codes_of(TABLE), one scale a row) read through a Transpose."""
+    where = tmp_path / "split"
+    where.mkdir(parents=True)
+    onnx.save(model([helper.make_node("Gather", ["embed_tokens.weight", "input_ids"], ["inputs_embeds"])],
+                    [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
+                    [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT, ["b", "s", D])],
+                    {"embed_tokens.weight": TABLE}), where / "embed_tokens.onnx")
+    scale = (np.abs(TABLE).max(axis=1) / 127).astype(np.float32)
+    codes = codes_of(TABLE, scale)
+    onnx.save(model([helper.make_node("Tanh", ["inputs_embeds"], ["h"]),
+                     helper.make_node("DequantizeLinear", ["head_codes", "head_scale"], ["head"], axis=0),
+                     helper.make_node("Transpose", ["head"], ["head_t"], perm=[1, 0]),
+                     helper.make_node("MatMul", ["h", "head_t"], ["logits"], name="lm_head")],
+                    [helper.make_tensor_value_info("inputs_embeds", TensorProto.FLOAT, ["b", "s", D])],
+                    [logits_info("logits")], {"head_codes": codes, "head_scale": scale}), where / "decoder_model.onnx")
+    return where, codes, scale
+
+
+def test_a_quantized_head_in_another_file_is_a_quantized_copy_of_the_table(tmp_path):
+    # two files' codes and floats were not related across files before
+    rounded = lambda t, s: np.clip(np.round(t / s[:, None]), -127, 127).astype(np.int8)
+    where, codes, scale = split_with_quantized_head(tmp_path, rounded)
+    data = findings(where)
+    (pair,) = [p for p in data["across_files"]["pairs"] if p["relation"] != "shared"]
+    assert pair["relation"] == "quantized_copy"
+    assert {pair["a"]["name"], pair["b"]["name"]} == {"embed_tokens.weight", "head_codes"}
+    (entry,) = [v for v in data["across_files"]["vocabulary"] if v["kind"] == "token"]
+    assert entry["copies_on_disk"] == 2
+    assert np.max(np.abs(codes * scale[:, None] - TABLE) / scale[:, None]) <= 0.5 + 1e-6  # what makes it a copy
+    # another table's rows quantized the same way are no copy of this one
+    other, _, _ = split_with_quantized_head(tmp_path / "other", lambda t, s: rounded(OTHER, s))
+    assert not [p for p in findings(other)["across_files"]["pairs"] if p["relation"] != "shared"]
+    done = run_inspect(where, "--retie", tmp_path / "out")
+    assert done.returncode == 0 and "left as it is (an int8 copy" in done.stdout and not (tmp_path / "out").exists()

@@ -1,12 +1,13 @@
 """A model is a folder: the files a client loads together, each inspected as a file, then related across files
 (the same table stored in several of them, who reads it, what one process holding every session keeps) and
 checked against config.json's tie_word_embeddings."""
+import dataclasses
 import json
 import os
 
 from runtime.inspect import examine, isolated, memory, sidecars
 from runtime.inspect.reading import InspectError, label
-from runtime.inspect.relations import Digests, copy_key, same_values, stored_as_table
+from runtime.inspect.relations import Digests, copy_key, quantized_relation, same_values, stored_as_table
 from runtime.resident import copies_held
 
 SUFFIXES = ("", "_fp16", "_q4", "_q4f16", "_int8", "_uint8", "_quantized", "_bnb4")  # transformers.js dtypes
@@ -98,13 +99,44 @@ def _across(a_item, a, b_item, b, digests):
     if ta.external is not None and ta.external == tb.external and not transposed and ta.dims == tb.dims:
         return "shared", 0  # the same bytes of one data file (onnxruntime-genai's shared initializers)
     if a.get("quant") or b.get("quant"):
-        return None  # two files' codes: not related across files yet (each file's own pairs still are)
+        both = _TwoFiles(a_item["model"], b_item["model"])
+        relation, wasted, _ = quantized_relation(both, both.entry(0, a), both.entry(1, b), transposed)
+        return None if relation == "distinct" else (relation, wasted)
     da, db = digests[a_item["file"]](a), digests[b_item["file"]](b)
     if da is not None and db is not None and da != db:
         return None
     if same_values(ta, tb, transposed=transposed):
         return ("transposed_duplicate" if transposed else "duplicate"), b["bytes"]
     return None
+
+
+class _TwoFiles:
+    """Two files' models seen as one (relations.quantized_relation reads `tensors`): each name behind the number of
+    its side, so an entry of one file is compared with an entry of the other whatever names they share."""
+
+    def __init__(self, a, b):
+        self.sides = (a.tensors, b.tensors)
+        self.tensors = self
+
+    def __contains__(self, key):
+        side, _, name = key.partition("\x1f") if isinstance(key, str) else ("", "", "")
+        return side in ("0", "1") and name in self.sides[int(side)]
+
+    def __getitem__(self, key):
+        side, _, name = key.partition("\x1f")
+        return self.sides[int(side)][name]
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    @staticmethod
+    def entry(side, entry):
+        """The table or head `entry` of side 0 or 1, its tensors' names behind the side's number."""
+        named = lambda n: None if n is None else f"{side}\x1f{n}"
+        q = entry.get("quant")
+        return dict(entry, initializer=named(entry["initializer"]), scales=named(entry.get("scales")),
+                    quant=q and dataclasses.replace(q, codes=named(q.codes), scale=named(q.scale),
+                                                    zero_point=named(q.zero_point)))
 
 
 def relate_files(items):

@@ -49,7 +49,7 @@ def relate(model, tables, heads):
             if head["initializer"] == table["initializer"]:
                 relation, wasted = "shared", 0
             elif table.get("quant") or head.get("quant"):
-                relation, wasted, gap = _quantized_relation(model, table, head, transposed)
+                relation, wasted, gap = quantized_relation(model, table, head, transposed)
             elif digest(table) != digest(head):  # one hash per tensor, not one comparison per pair
                 relation, wasted = "distinct", 0
             elif same_values(t, h, transposed=transposed) and _same_scales(model, table["scales"], head["scales"]):
@@ -110,8 +110,9 @@ def _float_rows(model, entry):
     return values if stored_as_table(entry) else values.T
 
 
-def _quantized_relation(model, table, head, transposed):
-    """(relation, wasted bytes, difference in scales) of a pair where one side or both are quantized."""
+def quantized_relation(model, table, head, transposed):
+    """(relation, wasted bytes, difference in scales) of a pair where one side or both are quantized: `table` and
+    `head` entries of `model` (whose tensors may be two files', folder.relate_files)."""
     a, b = table.get("quant"), head.get("quant")
     if a and b:
         mine = {b.codes, b.scale, b.zero_point} - {a.codes, a.scale, a.zero_point, None}  # the head's own tensors

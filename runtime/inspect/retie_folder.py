@@ -109,7 +109,8 @@ def _borrowed_tables(result, say):
 
 def _why_not_borrowed(table, head):
     if table["format"] != "float32" or head["format"] != "float32":
-        return f"a {head['format']} head: --retie points float32 heads at another file's table"
+        fmt = head["format"] if head["format"] != "float32" else table["format"]
+        return f"{'an' if fmt[0] in 'aeiu' else 'a'} {fmt} copy: --retie points float32 heads at another file's table"
     if not stored_as_table(table):
         return "the table is stored [width, vocab]"
     if head.get("graph", "main") != "main" and not all(
