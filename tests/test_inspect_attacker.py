@@ -1,5 +1,6 @@
 """What a reviewer's first hour as an attacker found on 2026-12-01, one test each: every answer is a report or one
 line and a documented status, nothing left behind, nothing read from outside the model's folder."""
+import glob
 import os
 import resource
 import shutil
@@ -227,8 +228,7 @@ def under_way(scratch, most=60):
     """Wait until inspect's first onnxruntime child has its job: the work is under way, two more children to come
     (a fixed second's sleep once let the leaner inspect finish first, exit 0)."""
     deadline = time.monotonic() + most
-    while not any(any(f.endswith("job.json") for f in os.listdir(os.path.join(scratch, d))) for d in os.listdir(scratch)) and \
-            time.monotonic() < deadline:
+    while not glob.glob(os.path.join(scratch, "*", "*job.json")) and time.monotonic() < deadline:  # a folder may go
         time.sleep(0.01)
 
 
