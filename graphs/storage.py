@@ -133,7 +133,7 @@ def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False
             if os.path.lexists(target):
                 raise FileExistsError(f"{target} exists; refusing to overwrite it")
     folder = os.path.dirname(path)
-    staging = tempfile.mkdtemp(prefix=f".saving-{os.getpid()}-", dir=folder)  # the pid: see runtime.inspect.guard
+    staging = tempfile.mkdtemp(prefix=f".saving-{os.getpid()}-", dir=folder)  # the pid: see runtime.inspect.sandbox.guard
     try:
         staged = os.path.join(staging, os.path.basename(path))
         if external:

@@ -110,7 +110,7 @@ def readers(model):
 
 
 def scoped(name, graph):
-    """The key of initializer `name` of subgraph `graph` (a path of runtime.inspect.reading.graph_paths) among the
+    """The key of initializer `name` of subgraph `graph` (a path of runtime.inspect.read.model.graph_paths) among the
     main graph's names: the name itself in the main graph."""
     return name if graph in (None, "main") else f"{name}\x1f{graph}"
 
@@ -123,7 +123,7 @@ def unscoped(key):
 
 def _initializers(model):
     """[(key (scoped), TensorProto, {name: the nodes of its graph that read it})] of the main graph and every body."""
-    from runtime.inspect.reading import graph_paths  # a graph's paths, named as inspect names them
+    from runtime.inspect.read.model import graph_paths  # a graph's paths, named as inspect names them
     found = []
     for path, _, graph in graph_paths(model.graph):
         if not len(graph.initializer):

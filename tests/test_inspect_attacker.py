@@ -15,9 +15,18 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphs
-from runtime.inspect import guard, isolated, walk
-from runtime.inspect.reading import load
-from tests.test_inspect_hostile import FIXTURES, ROOT, head_through, inspect_cli, model_of, one_line_error
+from runtime.inspect.graph import constants
+from runtime.inspect.read import checked as read_checked
+from runtime.inspect.read.model import load
+from runtime.inspect.sandbox import guard
+from tests.test_inspect_hostile import (
+    FIXTURES,
+    ROOT,
+    head_through,
+    inspect_cli,
+    model_of,
+    one_line_error,
+)
 
 
 def genai_copy(tmp_path):
@@ -103,7 +112,7 @@ def test_a_constant_with_external_data_is_never_read_from_the_working_directory(
     monkeypatch.chdir(tmp_path / "elsewhere")
     model = load(path)
     producer = {out: node for node in model.proto.graph.node for out in node.output}
-    assert walk.constant("shp", producer, model) is None  # not read at all: onnx would resolve it here
+    assert constants.constant("shp", producer, model) is None  # not read at all: onnx would resolve it here
     code, _, err = run([path], cwd=tmp_path)  # a folder with no c.bin: once a traceback
     assert code in (0, 2) and "Traceback" not in err, err
 
@@ -188,8 +197,8 @@ def test_a_data_file_link_retargeted_after_the_check_is_refused(tmp_path):
     checked = load(path).checked
     os.remove(data)
     os.symlink("other.data", data)  # retargeted: same bytes, another file, still inside
-    with pytest.raises(isolated.Changed, match="changed after it was checked"):
-        isolated.source(checked)
+    with pytest.raises(read_checked.Changed, match="changed after it was checked"):
+        read_checked.source(checked)
 
 
 def test_a_hang_up_leaves_nothing_behind(tmp_path):

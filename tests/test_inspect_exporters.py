@@ -16,10 +16,10 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 import graphs
-from runtime.inspect import isolated
 from runtime.inspect.examine import inspect_model
-from runtime.inspect.feeds import feeds_for
-from runtime.inspect.retie import retie
+from runtime.inspect.retie.write import retie
+from runtime.inspect.sandbox import isolated
+from runtime.inspect.sandbox.feeds import feeds_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")

@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.inspect.folder import client_files
-from runtime.inspect.reading import graph_paths
+from runtime.inspect.read.layout import client_files
+from runtime.inspect.read.model import graph_paths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, D = 1000, 64  # a table large enough that onnxruntime folds and prepacks copies of it
@@ -346,8 +346,9 @@ def test_retie_a_folder_refuses_an_out_that_exists_or_lies_inside(tmp_path):
 
 
 def test_a_folder_whose_proof_fails_writes_nothing(tmp_path, monkeypatch, capsys):
-    from runtime.inspect import cli, retie
-    real = retie.rewrite
+    from runtime.inspect import cli
+    from runtime.inspect.retie import rewrite
+    real = rewrite.rewrite
 
     def off_by_a_thousandth(model, pairs):  # the rewritten head reads a table one value off
         answer = real(model, pairs)
@@ -361,7 +362,7 @@ def test_a_folder_whose_proof_fails_writes_nothing(tmp_path, monkeypatch, capsys
                 if n.op_type == "Reshape" and n.input[0] == "table" and any(n.output[0] in m.input for m in gemms):
                     n.input[0] = "almost"
         return answer
-    monkeypatch.setattr(retie, "rewrite", off_by_a_thousandth)
+    monkeypatch.setattr(rewrite, "rewrite", off_by_a_thousandth)
     out = tmp_path / "out"
     status = cli.main([str(folder(tmp_path)), "--retie", str(out)], supervised=False)
     printed = capsys.readouterr().out
@@ -453,11 +454,11 @@ def test_the_proof_feeds_a_decoder_what_its_encoder_makes(tmp_path):
     # the decoder was proven on random encoder_hidden_states before
     import onnxruntime as ort
 
-    from runtime.inspect import isolated
-    from runtime.inspect.feeds import shaped_feeds
-    from runtime.inspect.folder import inspect_folder
-    from runtime.inspect.proof import _fed_from
-    from runtime.inspect.retie_folder import upstream
+    from runtime.inspect.examine_folder import inspect_folder
+    from runtime.inspect.retie.folder import upstream
+    from runtime.inspect.sandbox import isolated
+    from runtime.inspect.sandbox.feeds import shaped_feeds
+    from runtime.inspect.sandbox.proof import _fed_from
     source = os.path.join(FOLDERS, "optimum_t5")
     result = inspect_folder(source, str(tmp_path), isolated.Limits(), static=True)
     (fed,) = upstream(result["items"])["decoder_model_merged.onnx"]

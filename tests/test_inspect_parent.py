@@ -15,9 +15,18 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphs
-from runtime.inspect import guard, isolated
-from runtime.inspect.reading import InspectError, load
-from tests.test_inspect_hostile import FIXTURES, ROOT, head_through, inspect_cli, model_of, one_line_error
+from runtime.inspect.read import checked as read_checked
+from runtime.inspect.read.model import load
+from runtime.inspect.read.text import InspectError
+from runtime.inspect.sandbox import guard, isolated
+from tests.test_inspect_hostile import (
+    FIXTURES,
+    ROOT,
+    head_through,
+    inspect_cli,
+    model_of,
+    one_line_error,
+)
 from tests.test_inspect_hostile2 import many_tables
 
 
@@ -32,7 +41,7 @@ def test_a_model_swapped_after_the_check_is_never_run(tmp_path):
     tied(tmp_path / "other.onnx", seed=1)
     os.replace(tmp_path / "other.onnx", path)  # swapped between the parent's check and the child's load
     job = {"kind": "optimize", "checked": model.checked, "out": str(tmp_path / "opt.onnx"), "folder": str(tmp_path)}
-    with pytest.raises(isolated.Changed, match="changed after it was checked"):
+    with pytest.raises(read_checked.Changed, match="changed after it was checked"):
         isolated.call(job, "building its optimized model", isolated.Limits(60), model.file_bytes)
     assert not os.path.exists(tmp_path / "opt.onnx")  # onnxruntime never saw it
 
@@ -43,10 +52,10 @@ def test_a_data_file_swapped_after_the_check_is_refused(tmp_path):
     data = graphs.storage.data_path(path)
     shutil.copy(data, str(data) + ".new")
     os.replace(str(data) + ".new", data)  # same bytes, another file: not the one checked
-    with pytest.raises(isolated.Changed, match="changed after it was checked"):
-        isolated.source(model.checked)
+    with pytest.raises(read_checked.Changed, match="changed after it was checked"):
+        read_checked.source(model.checked)
     model = load(path)
-    assert isolated.source(model.checked)[0] == open(path, "rb").read()  # unchanged: the checked bytes
+    assert read_checked.source(model.checked)[0] == open(path, "rb").read()  # unchanged: the checked bytes
 
 
 def test_what_the_child_runs_is_the_checked_bytes(tmp_path):
@@ -57,8 +66,8 @@ def test_what_the_child_runs_is_the_checked_bytes(tmp_path):
         data[-1] ^= 1
         f.seek(0)
         f.write(data)
-    with pytest.raises(isolated.Changed):
-        isolated.source(model.checked)
+    with pytest.raises(read_checked.Changed):
+        read_checked.source(model.checked)
 
 
 def test_a_file_truncated_while_mapped_is_one_line_not_sigbus(tmp_path, capsys):

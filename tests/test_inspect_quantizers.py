@@ -12,8 +12,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.inspect import feeds
-from runtime.inspect.feeds import feeds_for
+from runtime.inspect.sandbox import feeds
+from runtime.inspect.sandbox.feeds import feeds_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")

@@ -12,10 +12,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphs
-from runtime.inspect import cli, isolated, proof, retie
-from runtime.inspect.reading import load
-from runtime.inspect.relations import relate
-from runtime.inspect.walk import find_tables_and_heads
+from runtime.inspect import cli
+from runtime.inspect.findings.relations import relate
+from runtime.inspect.graph.walk import find_tables_and_heads
+from runtime.inspect.read import checked as read_checked
+from runtime.inspect.read.model import load
+from runtime.inspect.retie import rewrite, rules
+from runtime.inspect.sandbox import isolated, proof
 from runtime.resident import prepacked_copies
 from runtime.runner import optimized_model
 
@@ -157,10 +160,10 @@ def test_every_tie_left_as_it_is_is_said_and_nothing_else_is_rewritten():
     data = load(os.path.join(FIXTURES, "genai_fp16", "model.onnx"))
     pairs = relate(data, *find_tables_and_heads(data))
     for pair in pairs:
-        how, why = retie.remedy(pair)
+        how, why = rules.remedy(pair)
         assert not (how and why) and (pair["relation"] != "distinct" or (how, why) == (None, None))
     float16 = [p for p in pairs if p["relation"] != "distinct"]
-    assert float16 and all(retie.remedy(p)[0] is None and "float16" in retie.remedy(p)[1] for p in float16)
+    assert float16 and all(rules.remedy(p)[0] is None and "float16" in rules.remedy(p)[1] for p in float16)
 
 
 # --- 4. two quantizations of one table --------------------------------------------------------------------------
@@ -200,12 +203,18 @@ def test_retie_leaves_a_quantized_copy_and_says_why(tmp_path):
 # --- 5. the child, and a proof that fails ------------------------------------------------------------------------
 
 def test_the_child_has_its_own_entry_module_and_the_package_imports_nothing():
-    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import runtime.inspect.child"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import runtime.inspect.sandbox.child"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
-    assert "runtime.inspect.child" in imported
-    assert not imported & {"runtime.inspect.cli", "runtime.inspect.retie", "onnxruntime"}
-    done = subprocess.run([sys.executable, "-W", "error", "-m", "runtime.inspect.child", "/nonexistent/job.json"],
+    assert "runtime.inspect.sandbox.child" in imported
+    assert not imported & {"runtime.inspect.cli", "runtime.inspect.retie.write", "onnxruntime"}
+    # the reader: neither onnxruntime nor the command line (the package's face is lazy)
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import runtime.inspect.read.model"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "runtime.inspect.read.model" in imported
+    assert not imported & {"runtime.inspect.cli", "runtime.inspect.sandbox.isolated", "onnxruntime"}
+    done = subprocess.run([sys.executable, "-W", "error", "-m", "runtime.inspect.sandbox.child", "/nonexistent/job.json"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "RuntimeWarning" not in done.stderr and "FileNotFoundError" in done.stderr
 
@@ -219,19 +228,19 @@ def test_a_model_changed_during_the_proof_is_changed_not_refused(tmp_path):
         f.write(b"\0")  # rewritten after the check
     job = {"kind": "prove", "before": str(source), "checked": checked, "after": str(source), "rewritten": [],
            "rows": {"ids": V}, "folder": str(tmp_path), "shape": {"lengths": [1]}}
-    with pytest.raises(isolated.Changed, match="changed after it was checked"):
+    with pytest.raises(read_checked.Changed, match="changed after it was checked"):
         isolated.call(job, "proving the retied model", isolated.Limits(60), 1 << 20)
 
 
 def tampered(monkeypatch, change):
     """Make retie's rewrite also apply `change(graph)` to the model it then proves."""
-    real = retie.rewrite
+    real = rewrite.rewrite
 
-    def rewrite(model, pairs):
+    def rewritten(model, pairs):
         answer = real(model, pairs)
         change(model.proto.graph)
         return answer
-    monkeypatch.setattr(retie, "rewrite", rewrite)
+    monkeypatch.setattr(rewrite, "rewrite", rewritten)
 
 
 def retie_in_process(source, out, capsys):

@@ -18,8 +18,8 @@ import sys
 import tempfile
 import time
 
-from runtime.inspect import isolated, memory
-from runtime.inspect.folder import inspect_folder
+from runtime.inspect.examine_folder import inspect_folder
+from runtime.inspect.sandbox import isolated, memory
 
 TARGET = 1.15  # the retied folder's Pss growth over its distinct weight bytes, at most
 COST = 1.3  # inspect's time over the sessions it must open, at most

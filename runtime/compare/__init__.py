@@ -10,7 +10,8 @@ the graphs and their onnxruntime sessions; pool: the second process both use; bo
 the Check record; lookups, heads, neighbors, formats, sizes: the checks, each check_x(config, reference, sessions);
 cli: the command.
 """
-from runtime.compare.bounds import Check, gamma, within
+from runtime.bounds import gamma
+from runtime.compare.bounds import Check, within
 from runtime.compare.cli import CHECKS
 from runtime.compare.cli import main as _main
 from runtime.compare.config import Config, parse

@@ -4,14 +4,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-U = 2.0**-24  # float32 unit roundoff
-U64 = 2.0**-53  # float64's, for the reference's own arithmetic
-
-
-def gamma(n):
-    """Higham's gamma_n: the relative bound on n float32 roundings in a row."""
-    return n * U / (1 - n * U)
-
+from runtime.bounds import U, U64, as64, dot_bounds, gamma
 
 WIDTH = 120  # the report's lines, at most
 INDENT = "       "  # --verbose: the details under their check's line
@@ -52,10 +45,6 @@ class Check:
         return "\n".join(lines)
 
 
-def as64(values):
-    return np.asarray(values, dtype=np.float64)
-
-
 def differing(a, b):
     """How many values differ in their bits (float32 graph output against float32-exact reference floats)."""
     a, b = as64(a), as64(b)
@@ -72,19 +61,6 @@ def within(got, exact, bound):
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(diff == 0, 0.0, diff / bound)  # a difference against a zero bound is infinitely over
     return ok, float(np.max(diff)), float(np.max(ratio))  # NaN shows as nan in both
-
-
-def dot_bounds(rows, vectors, absolute=False):
-    """gamma_w * sum|a_i b_i| for every row against every vector: (len(vectors), len(rows)); absolute=True says
-    `rows` already holds |rows| in float64 (a caller asking many times keeps it).
-
-    A tolerance, not a reference value, so float64 BLAS computes it: each |a_i b_i| of float32 values is exact in
-    float64 and a sum of w non-negative terms is off by at most gamma_w in float64, so inflating by
-    (1 + 2 (w + 2) u64) keeps it an upper bound on the exact gamma_w * sum|a_i b_i|.
-    """
-    rows, vectors = (rows if absolute else np.abs(as64(rows))), np.abs(as64(vectors))
-    width = rows.shape[1]
-    return gamma(width) * (vectors @ rows.T) * (1 + 2 * (width + 2) * U64)
 
 
 def _with_row(reference, values, factor, row_value):

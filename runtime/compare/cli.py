@@ -12,11 +12,17 @@ import onnxruntime as ort
 
 import embed
 from graphs.storage import write_text
-from runtime.compare.bounds import WIDTH, U
+from runtime.bounds import U
+from runtime.compare.bounds import WIDTH
 from runtime.compare.config import parse
 from runtime.compare.formats import check_formats
 from runtime.compare.heads import check_self_score, check_tied, check_untied
-from runtime.compare.lookups import check_gather, check_onehot, check_scaled, check_table
+from runtime.compare.lookups import (
+    check_gather,
+    check_onehot,
+    check_scaled,
+    check_table,
+)
 from runtime.compare.neighbors import check_neighbors
 from runtime.compare.pool import Pool
 from runtime.compare.reference import Reference

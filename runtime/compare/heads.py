@@ -3,7 +3,8 @@ hidden vector's own score (tied head), before and after a row is stretched."""
 import numpy as np
 
 import graphs
-from runtime.compare.bounds import Check, dot_bound, dot_bounds, within
+from runtime.bounds import dot_bounds
+from runtime.compare.bounds import Check, dot_bound, within
 from runtime.compare.sizes import vocab_width_tensors
 from runtime.resident import copies_held, prepacked_copies
 

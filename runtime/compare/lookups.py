@@ -4,7 +4,8 @@ import math
 import numpy as np
 from onnx import numpy_helper
 
-from runtime.compare.bounds import U, U64, Check, as64, differing, within
+from runtime.bounds import U64, U, as64
+from runtime.compare.bounds import Check, differing, within
 
 
 def check_table(config, reference, sessions):

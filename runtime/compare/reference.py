@@ -13,7 +13,7 @@ from multiprocessing import resource_tracker, shared_memory
 import numpy as np
 
 import embed
-from runtime.compare.bounds import as64, dot_bounds
+from runtime.bounds import as64, dot_bounds
 from runtime.compare.pool import Pool, quiet
 
 

@@ -1,20 +1,27 @@
 """python -m runtime.inspect MODEL.onnx|FOLDER [--json] [--retie OUT]: find tied, duplicated and runtime-copied
 tables in a model nobody vouched for.
 
-reading: parse and check every tensor, lazily; walk: graph order and the tables and heads in it; quantized:
-codes of any layout read back as values; relations: pairs and runtime copies; shares: parameters, row scale,
-token or position; feeds: the decoder inputs the model is run on; isolated: onnxruntime in a child under limits,
-child: that child's entry point; memory: what a session holds; examine: one file, everything its report shows;
-folder: the files a client loads together, related across files; proof, retie, retie_edits, retie_packed and
-retie_folder: --retie; sidecars: the files beside a model; report: the text and --json; cli: the command.
+Packages, one way down (each imports only those before it):
+
+  read/      checked bytes: the model reader (model), the checked-source contract (checked), the files beside a model
+             (sidecars), the files a folder's client loads (layout), printable text and InspectError (text)
+  graph/     the graph: scopes, producers and consumers, tables and heads (walk), quantized layouts (quantized)
+  findings/  relations and runtime copies (relations), parameters, row scale, token or position (shares), what a
+             session holds (counting), a folder's files related (across)
+  sandbox/   onnxruntime, in a child under limits (isolated, child, guard), the feeds (feeds), memory measured
+             (memory), the retie proof the child runs (proof)
+  retie/     --retie: the rules (rules), the rewrite (rewrite, edits, packed), writing a file (write) or folder (folder)
+
+and on top: examine (one file), examine_folder (a folder), report (the text and --json), cli (the command).
 
 Importing the package imports none of them: each name below is loaded on first use, so the isolated child, or a
 caller that only reads files, never pays for the command line.
 """
 import importlib
 
-_HOMES = {"InspectError": "reading", "load": "reading", "find_tables_and_heads": "walk", "inspect_model": "examine",
-          "main": "cli", "relate": "relations"}
+_HOMES = {"InspectError": "read.text", "load": "read.model", "find_tables_and_heads": "graph.walk",
+          "inspect_model": "examine", "inspect_folder": "examine_folder", "main": "cli",
+          "relate": "findings.relations"}
 
 __all__ = sorted(_HOMES)
 

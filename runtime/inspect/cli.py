@@ -6,16 +6,16 @@ import os
 import sys
 import tempfile
 
-
 import graphs
 from embed import OneLineParser, Terminated, UsageError, raise_on_sigterm, run_cli
-from runtime.inspect import feeds, guard, isolated
-from runtime.inspect.reading import InspectError, printable
 from runtime.inspect.examine import inspect_model
-from runtime.inspect.folder import folder_held_twice, held_twice, inspect_folder
+from runtime.inspect.examine_folder import inspect_folder
+from runtime.inspect.findings.across import folder_held_twice, held_twice
+from runtime.inspect.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report
-from runtime.inspect.retie import retie
-from runtime.inspect.retie_folder import retie_folder
+from runtime.inspect.retie.folder import retie_folder
+from runtime.inspect.retie.write import retie
+from runtime.inspect.sandbox import feeds, guard, isolated
 from runtime.progress import Progress
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.

@@ -2,10 +2,17 @@
 session holds), as one dict: the --json output plus what --retie needs."""
 import os
 
-from runtime.inspect import feeds, isolated, memory
-from runtime.inspect.reading import InspectError, load
-from runtime.inspect.relations import copy_key, relate, runtime_copies, vocabulary
-from runtime.inspect.walk import find_tables_and_heads, lookup_ids
+from runtime.inspect.findings import counting
+from runtime.inspect.findings.relations import (
+    copy_key,
+    relate,
+    runtime_copies,
+    vocabulary,
+)
+from runtime.inspect.graph.walk import find_tables_and_heads, lookup_ids
+from runtime.inspect.read.model import load
+from runtime.inspect.read.text import InspectError
+from runtime.inspect.sandbox import feeds, isolated, memory
 from runtime.resident import prepacked_copies, unscoped
 
 
@@ -44,7 +51,7 @@ class Examination:
         self.folder, self.measure = folder, measure and bool(self.tables)
         self.job = {"kind": "optimize", "checked": model.checked, "out": os.path.join(folder, "optimized.onnx"),
                     "folder": folder}
-        self.runs = 1 + (len(memory.SETTINGS) if self.measure else 0)
+        self.runs = 1 + (len(counting.SETTINGS) if self.measure else 0)
         self.optimizing = isolated.start(self.job, "building its optimized model", limits, model.file_bytes)
 
     def stop(self):
@@ -109,7 +116,7 @@ def found(model, tables, heads, pairs, rows, shape, optimized_path, version, mea
                            **({"graph": graph} if graph else {})})
 
     def held(names, table_bytes, other_bytes):
-        return memory.in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured)
+        return counting.in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured)
 
     return {"model": model, "tables": tables, "heads": heads, "file_bytes": model.file_bytes,
             "initializers": initializers, "pairs": pairs, "runtime_copies": copies, "rows": rows, "shape": shape,
@@ -128,7 +135,7 @@ def _from_files(path, limits, proof_past):
     pairs = relate(model, tables, heads)
     initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
                      "bytes": t.nbytes} for t in model.tensors.values()]
-    held = lambda names, table_bytes, other_bytes: memory.not_counted()
+    held = lambda names, table_bytes, other_bytes: counting.not_counted()
     return {"model": model, "tables": tables, "heads": heads, "file_bytes": model.file_bytes,
             "initializers": initializers, "pairs": pairs, "runtime_copies": None,
             "rows": {lookup_ids(t): t["vocab"] for t in tables}, "shape": feeds.plan(model.proto, path, proof_past),

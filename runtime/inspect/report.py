@@ -2,8 +2,8 @@
 from folder.inspect_folder's)."""
 import os
 
-from runtime.inspect import memory
-from runtime.inspect.relations import SMALL_COPY
+from runtime.inspect.findings import counting
+from runtime.inspect.findings.relations import SMALL_COPY
 
 _DISTINCT_LISTED = 16  # more distinct pairs than this are counted in the text report, not listed
 
@@ -126,7 +126,7 @@ def _held(entry, error, measured="MiB resident after a run"):
     if defaults["copies"] is None:
         return "not counted (--static: onnxruntime not run)"
     line = (f"{_copies(defaults['copies'])} under onnxruntime's default SessionOptions ({figures(defaults)}); "
-            f"{_copies(off['copies'])} with {memory.NO_PREPACKING} ({figures(off)})")
+            f"{_copies(off['copies'])} with {counting.NO_PREPACKING} ({figures(off)})")
     return line + (f"; not run: {error}" if error else "")
 
 

@@ -5,72 +5,19 @@ import dataclasses
 import json
 import os
 
-from runtime.inspect import examine, isolated, memory, sidecars
-from runtime.inspect.reading import InspectError, label
-from runtime.inspect.relations import Digests, copy_key, quantized_relation, same_values, stored_as_table
+from runtime.inspect.findings import counting
+from runtime.inspect.findings.relations import (
+    Digests,
+    copy_key,
+    quantized_relation,
+    same_values,
+    stored_as_table,
+)
+from runtime.inspect.read import sidecars
+from runtime.inspect.read.model import label
 from runtime.resident import copies_held
 
-SUFFIXES = ("", "_fp16", "_q4", "_q4f16", "_int8", "_uint8", "_quantized", "_bnb4")  # transformers.js dtypes
-_ENCODERS = ("embed_tokens", "vision_encoder", "audio_encoder", "encoder_model")
 _TIES = ("shared", "duplicate", "transposed_duplicate")
-
-
-def client_files(folder, chosen=None):
-    """(the .onnx files a client loads together, relative to `folder`, the rule that chose them). `chosen`: the
-    names --files gave. InspectError when the folder holds none."""
-    files, rule = _chosen_by_layout(folder, chosen)
-    for name in files:  # a link or a `..` out of the folder is not one of its files, whoever names it
-        path = os.path.realpath(os.path.join(folder, name))
-        if os.path.commonpath([path, os.path.realpath(folder)]) != os.path.realpath(folder):
-            raise InspectError(f"{'--files ' if chosen else ''}{name}: not inside {folder} (a link or a path out "
-                               f"of it, named by {rule})")
-        if not os.path.isfile(path):
-            raise InspectError(f"{'--files ' if chosen else ''}{name}: no such file in {folder}")
-    return files, rule
-
-
-def _chosen_by_layout(folder, chosen):
-    """client_files' choice before its names are checked."""
-    if chosen:
-        return list(dict.fromkeys(chosen)), "--files"
-    genai = sidecars.genai_config(os.path.join(folder, sidecars.GENAI_CONFIG)) or {}
-    section = genai.get("model") if isinstance(genai.get("model"), dict) else {}
-    named = [part.get("filename") for part in section.values() if isinstance(part, dict)]
-    named = [n for n in named if isinstance(n, str) and n and os.path.lexists(os.path.join(folder, n))]
-    if named:
-        return list(dict.fromkeys(named)), "genai_config.json's model files"
-    if os.path.isdir(os.path.join(folder, "onnx")):
-        found = _layout(folder, "onnx")
-        if found:
-            files, suffix = found
-            return files, f"transformers.js's onnx/ layout at dtype suffix {suffix!r} (embed_tokens, encoders, decoder)"
-    found = _layout(folder, "", suffixes=("",))
-    if found:
-        files = found[0]
-        merged = any(f.endswith("decoder_model_merged.onnx") for f in files)
-        return files, ("Optimum's: the encoder and the merged decoder, as ORTModelForSeq2SeqLM opens them" if merged
-                       and any("encoder" in f for f in files) else "Optimum's merged decoder" if merged else
-                       "Optimum's split decoder pair (no merged file)")
-    every = sorted(n for n in os.listdir(folder) if n.endswith(".onnx") and os.path.isfile(os.path.join(folder, n)))
-    if not every:
-        raise InspectError(f"{folder}: no .onnx file in the folder (and no genai_config.json naming one)")
-    return every, "every .onnx file in the folder"
-
-
-def _layout(folder, sub, suffixes=SUFFIXES):
-    """([files], suffix) of an Optimum / transformers.js layout in folder/sub at the first dtype suffix it has."""
-    where = os.path.join(folder, sub)
-    for suffix in suffixes:
-        exists = lambda stem: os.path.isfile(os.path.join(where, stem + suffix + ".onnx"))
-        if exists("decoder_model_merged"):
-            decoders = ["decoder_model_merged"]
-        elif exists("decoder_model"):
-            decoders = ["decoder_model"] + (["decoder_with_past_model"] if exists("decoder_with_past_model") else [])
-        else:
-            continue
-        stems = [s for s in _ENCODERS if exists(s)] + decoders
-        return [os.path.join(sub, s + suffix + ".onnx") for s in stems], suffix
-    return None
 
 
 def config_tie(folder):
@@ -212,7 +159,7 @@ def held_together(group, items, measured, other_bytes):
     """The group's `in_memory`: per setting, copies every file's session holds (summed; a data file's bytes that two
     files name count once) and the Pss the sessions together added (measure_together)."""
     entry = {}
-    for setting, prepacking in memory.SETTINGS.items():
+    for setting, prepacking in counting.SETTINGS.items():
         copies = 0
         for it in items:
             names = [e["initializer"] for i, e, _ in group["members"] if i is it]
@@ -222,7 +169,7 @@ def held_together(group, items, measured, other_bytes):
                       if c.get("copy_of") in names and c.get("view") != "prepacked"]
             copies += copies_held(names + folded, it["info"]["optimized"].proto, it["info"]["prepacked"], prepacking)
         copies -= group["shared_links"]  # one data file's bytes named by two files: mapped pages, held once
-        entry[setting] = memory.held(copies, measured.get(setting), group["bytes"], other_bytes)
+        entry[setting] = counting.held(copies, measured.get(setting), group["bytes"], other_bytes)
     return entry
 
 
@@ -238,54 +185,6 @@ def tie_finding(group, config, items):
                  if (h["vocab"], h["width"]) == (group["vocab_size"], group["width"])]
         return "lost_tie" if heads else None
     return None
-
-
-def _each_file(folder, files, scratch, limits, proof_past, static):
-    """[{file, model, info}]: each file examined (examine), its session not measured alone; the files' optimized
-    models built side by side where the machine has the cores and the memory for them all."""
-    where = [os.path.join(scratch, f"file{i}") for i in range(len(files))]
-    for path in where:
-        os.mkdir(path)
-    paths = [os.path.join(folder, name) for name in files]
-    if static:
-        infos = [examine.inspect_model(p, w, limits, proof_past, static=True) for p, w in zip(paths, where)]
-    elif isolated.side_by_side(limits, sum(os.path.getsize(p) for p in paths), len(paths)):
-        started = []
-        try:
-            for path, scratch_of in zip(paths, where):
-                started.append(examine.start(path, scratch_of, limits, proof_past, measure=False))
-            infos = [s.finish() for s in started]
-        finally:
-            for s in started:
-                s.stop()
-    else:
-        infos = [examine.inspect_model(p, w, limits, proof_past, measure=False) for p, w in zip(paths, where)]
-    return [{"file": name, "model": info["model"], "info": info} for name, info in zip(files, infos)]
-
-
-def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static=False):
-    """Everything a folder's report shows: {folder, rule, items: [{file, model, info}], across: relate_files' with
-    each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. Each file gets a folder of its own
-    in `scratch`; `static`: onnxruntime is never started (nothing counted in memory)."""
-    files, rule = client_files(folder, chosen)
-    items = _each_file(folder, files, scratch, limits, proof_past, static)
-    across = relate_files(items)
-    config = config_tie(folder)
-    parts = [{"checked": it["model"].checked, "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
-             for it in items if it["info"]["rows"]]
-    together = os.path.join(scratch, "together")
-    os.mkdir(together)
-    total = sum(it["model"].file_bytes for it in items)
-    measured = memory.measure_together(parts, together, limits, total) if parts and across["vocabulary"] and \
-        not static else {}
-    weights = sum(t.nbytes for it in items for t in it["model"].tensors.values())
-    for group in across["vocabulary"]:
-        stored = sum(s["bytes"] for s in group["stored"])
-        group["in_memory"] = memory.not_counted() if static else held_together(group, items, measured, weights - stored)
-        group["config_tie"] = config if group["kind"] == "token" else None
-        group["tie_finding"] = tie_finding(group, config, items)
-    return {"folder": folder, "rule": rule, "items": items, "across": across, "measure_error": measured.get("error"),
-            "onnxruntime": items[0]["info"]["onnxruntime"] if items else None}
 
 
 def held_twice(info):

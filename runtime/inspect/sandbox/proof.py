@@ -1,5 +1,5 @@
 """The retie proof: both models run on the same decoder feeds (feeds.plan's; in a folder, an input another file
-makes is that file's output); heads agree within float32's bound, the rest bit for bit. It runs in the isolated child (runtime.inspect.isolated), since it opens sessions on an untrusted
+makes is that file's output); heads agree within float32's bound, the rest bit for bit. It runs in the isolated child (runtime.inspect.sandbox.isolated), since it opens sessions on an untrusted
 model and runs onnx's shape inference on it."""
 import os
 
@@ -7,12 +7,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from runtime.compare.bounds import U, gamma
-from runtime.inspect.feeds import NoFeeds, describe, shaped_feeds
-from runtime.inspect.isolated import source
-from runtime.inspect.reading import graph_paths, label, load
-from runtime.inspect.shares import scalar_constant
-from runtime.inspect.walk import scopes
+from runtime.bounds import U, dot_bounds
+from runtime.inspect.findings.shares import scalar_constant
+from runtime.inspect.graph.scopes import scopes
+from runtime.inspect.read.checked import source
+from runtime.inspect.read.model import graph_paths, label, load
+from runtime.inspect.sandbox.feeds import NoFeeds, describe, shaped_feeds
 from runtime.runner import Runner
 
 
@@ -84,14 +84,13 @@ def _outputs(proto, folder, hidden_names, feeds):
 
 
 def _head_bound(hidden, table, chunk=1 << 24):
-    """2 gamma_w sum|h t| for logits hidden @ table.T, table [vocab, width] (a memory map, or a view of one),
-    computed a block of rows at a time: both sides lie within gamma_w of the exact sum."""
-    h = np.abs(hidden.astype(np.float64))
-    width = table.shape[1]
-    rows = max(1, chunk // (8 * width))
-    sums = np.concatenate([h @ np.abs(table[i:i + rows].astype(np.float64)).T for i in range(0, len(table), rows)],
-                          axis=-1)
-    return 2 * gamma(width) * sums
+    """2 gamma_w sum|h t| for logits hidden @ table.T, table [vocab, width] (a memory map, or a view of one), by
+    runtime.bounds.dot_bounds (float64, made an upper bound) a block of rows at a time: both sides lie within
+    gamma_w of the exact sum."""
+    vectors = hidden.reshape(-1, hidden.shape[-1])
+    rows = max(1, chunk // (8 * table.shape[1]))
+    sums = np.concatenate([dot_bounds(table[i:i + rows], vectors) for i in range(0, len(table), rows)], axis=-1)
+    return 2 * sums.reshape(hidden.shape[:-1] + (len(table),))
 
 
 class OriginalFails(Exception):

@@ -15,10 +15,12 @@ import signal
 import sys
 import time
 
-from runtime.inspect.reading import printable
+from runtime.inspect.read.text import printable
 
 GRACE = 10.0  # seconds the worker has, past its deadline, to unwind (it stops itself at the deadline)
+
 _SI_KERNEL = 0x80  # si_code of a signal the kernel sent: the terminal's Ctrl-C or hang-up, which reach the worker too
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -59,8 +61,11 @@ def _flush():
 
 
 _ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the worker unwinds on these and says so
+
 _FATAL = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)  # would end this process unannounced
+
 _WATCHED = {*_ENDING, *_FATAL, signal.SIGCHLD}
+
 SIGNALS = (*_ENDING, *_FATAL)  # every signal the command answers in one line: held off around a fork (isolated)
 
 

@@ -5,16 +5,20 @@ import math
 
 from onnx import TensorProto
 
-from runtime.inspect.walk import constant
+from runtime.inspect.graph.constants import constant
 
 _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
+
 _CODES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4)
+
 # Inputs that hold quantization scales and zero points (not parameters), by op: the codes beside them are.
 _QUANT_INPUTS = {"DequantizeLinear": (1, 2), "MatMulNBits": (2, 3, 4), "GatherBlockQuantized": (2, 3),
                  "MatMulInteger": (2, 3), "DynamicQuantizeMatMul": (2, 3), "QLinearMatMul": (1, 2, 4, 5, 6, 7),
                  "MatMulIntegerToFloat": (2, 3, 4, 5)}
+
 # Inputs that hold constant caches a model computes from its config (rotary cos / sin tables).
 _CACHE_INPUTS = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}
+
 _ROW_PASS = ("Slice", "Reshape", "Cast", "Identity")  # between a lookup and the Mul that scales its rows
 
 

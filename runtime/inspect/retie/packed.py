@@ -4,8 +4,8 @@ place."""
 from onnx import helper
 
 from graphs.tie import unfolded_view
-from runtime.inspect.quantized import attribute
-from runtime.inspect.retie_edits import const, unique_name
+from runtime.inspect.graph.quantized import attribute
+from runtime.inspect.retie.edits import const, unique_name
 
 
 def packed_shared(pair):

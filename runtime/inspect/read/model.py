@@ -9,35 +9,22 @@ import hashlib
 import math
 import os
 import stat
-import unicodedata
 
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
-from graphs.storage import BITS  # bits per element of each type that can be sized; a type not listed is a finding
+from graphs.storage import (
+    BITS,  # bits per element of each type that can be sized; a type not listed is a finding
+)
+from runtime.inspect.read.text import InspectError
 
 _MAX_ELEMENTS = 2**62  # past this a product of dims is nonsense whatever the file holds
+
 _SPARSE_FROM = 64 * 2**20  # below this, holes (alignment padding) are not worth a finding
+
 _ORT_MEMORY_MARKER = "_ORT_MEM_ADDR_"  # onnxruntime reads such a "location" from process memory
-
-
-class InspectError(Exception):
-    """Bad input or a model that cannot be read safely: one line on stderr, exit 2."""
-
-
-_UNSAFE = ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")  # controls, format marks, line breaks, surrogates, unassigned
-
-
-def printable(text):
-    """`text` with every control, format, line-separator, surrogate or unassigned character written as an escape
-    (\\x1b, \\u2028), one final newline kept: a name in the model cannot move the cursor, set a window title or
-    forge a report line."""
-    end = "\n" if text.endswith("\n") else ""
-    body = text[:len(text) - len(end)]
-    return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in _UNSAFE else c
-                   for c in body) + end
 
 
 class Tensor:
@@ -84,7 +71,7 @@ class Model:
     """A parsed model whose every tensor passed `check_tensor`: proto, {name: Tensor} of the main graph's
     initializers, `bodies` {graph path (graph_paths): {name: Tensor}} of its subgraphs' own, bytes on disk; `checked`
     says which bytes and files were checked: {path, size, digest, folder, files: {path: [device, inode, size]}}
-    (runtime.inspect.isolated.source hands onnxruntime those bytes and nothing else)."""
+    (runtime.inspect.read.checked.source hands onnxruntime those bytes and nothing else)."""
 
     def __init__(self, path, proto, tensors, file_bytes, folder, checked):
         self.path, self.proto, self.tensors, self.file_bytes, self.folder = path, proto, tensors, file_bytes, folder
@@ -283,7 +270,7 @@ def load(path, folder=None, data=None):
     """Parse `path` and check every tensor in it (main graph, subgraphs, attributes): a Model, or InspectError.
 
     `folder` is where external data may live (default: the model's own folder). Nothing outside it is opened.
-    `data`: the file's bytes, already read (runtime.inspect.isolated.source), parsed instead of reading it again.
+    `data`: the file's bytes, already read (runtime.inspect.read.checked.source), parsed instead of reading it again.
     """
     if data is None:
         info, fd = _regular_file(path, os.fspath(path))

@@ -4,23 +4,24 @@ A crash, abort, time-out or allocation failure inside a session then ends the ch
 parent reports it as a finding about the model. The child runs under a wall-clock limit and an address-space
 limit (RLIMIT_AS), a cap on the size of any file it writes (RLIMIT_FSIZE), no core files; `Limits` holds both, set from --timeout and --memory-limit.
 """
-import hashlib
 import itertools
 import json
 import os
 import resource
 import signal
-import stat
 import subprocess
 import sys
 import time
 
 from embed import physical_memory
-from runtime.inspect import guard
-from runtime.inspect.reading import InspectError
+from runtime.inspect.read.checked import Changed, source
+from runtime.inspect.read.text import InspectError
+from runtime.inspect.sandbox import guard
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OUT_OF_MEMORY = 3  # the child's exit status when an allocation failed (runtime.inspect.child)
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo
+
+OUT_OF_MEMORY = 3  # the child's exit status when an allocation failed (runtime.inspect.sandbox.child)
+
 GiB = 2**30
 
 
@@ -53,37 +54,8 @@ class Limits:
         return 4 * GiB + 6 * model_bytes if physical is None else min(4 * GiB + 6 * model_bytes, physical * 3 // 4)
 
 
-class Changed(InspectError):
-    """A file of the model is not what was checked: replaced, rewritten or resized since."""
-
-
-def source(checked):
-    """(bytes, folder) of the model described by `checked` (a Model's): the model file's bytes, as read now, if
-    they are the bytes that were checked and every data file is still the file that was checked (device, inode,
-    size); else Changed. Give onnxruntime these bytes, not the path: a file swapped in after the check is never
-    parsed. (A data file onnxruntime opens itself is compared by identity just before: the closest the OS allows.)"""
-    try:
-        fd = os.open(checked["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO swapped in: no wait
-    except OSError as e:
-        raise Changed(f"{checked['path']}: {e.strerror} (after it was checked)") from None
-    with open(fd, "rb") as f:
-        data = f.read(checked["size"] + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-    if hashlib.blake2b(data, digest_size=16).hexdigest() != checked["digest"]:
-        raise Changed(f"{checked['path']} changed after it was checked; nothing of it was run")
-    for path, identity in checked["files"].items():  # each by the name onnxruntime opens: a link retargeted shows
-        try:
-            info = os.stat(path)
-            now = [info.st_dev, info.st_ino, info.st_size]
-        except OSError as e:
-            raise Changed(f"{path}: {e.strerror} (after it was checked)") from None
-        if now != identity:
-            raise Changed(f"{path} changed after it was checked (now {now[2]} bytes, then {identity[2]}); nothing "
-                          "of the model was run")
-    return data, checked["folder"]
-
-
 def call(job, what, limits, model_bytes):
-    """Run `job` (a dict; see runtime.inspect.child) in a child under `limits`; its result dict, or InspectError saying
+    """Run `job` (a dict; see runtime.inspect.sandbox.child) in a child under `limits`; its result dict, or InspectError saying
     what happened to onnxruntime while `what` (e.g. "building the optimized model")."""
     return start(job, what, limits, model_bytes).result()
 
@@ -146,7 +118,7 @@ class Child:
         # keeps them blocked (the mask survives exec): on any of them this process kills it.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, guard.SIGNALS)
         try:
-            self.child = subprocess.Popen([sys.executable, "-m", "runtime.inspect.child", path], cwd=_ROOT, env=env,
+            self.child = subprocess.Popen([sys.executable, "-m", "runtime.inspect.sandbox.child", path], cwd=_ROOT, env=env,
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, preexec_fn=confine)
         finally:

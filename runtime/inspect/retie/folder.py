@@ -7,10 +7,13 @@ import os
 from onnx import TensorProto
 
 from graphs.together import save_together
-from runtime.inspect import memory, sidecars
-from runtime.inspect.relations import stored_as_table
-from runtime.inspect.retie import borrow, planned, proven, rewritten_line
-from runtime.inspect.sidecars import GENAI_CONFIG
+from runtime.inspect.findings import counting
+from runtime.inspect.findings.relations import stored_as_table
+from runtime.inspect.read import sidecars
+from runtime.inspect.read.sidecars import GENAI_CONFIG
+from runtime.inspect.retie.rewrite import borrow, planned
+from runtime.inspect.retie.write import proven, rewritten_line
+from runtime.inspect.sandbox import memory
 
 DATA = "model.data"  # the one data file OUT's models share
 
@@ -141,7 +144,7 @@ def _say_memory(vocabulary, measured, say):
         return
     say(f"retie: in one process holding every session, under onnxruntime's default SessionOptions: "
         f"+{on['resident_bytes'] / 2**20:.1f} MiB Pss after a run of each (was +{was['resident_bytes'] / 2**20:.1f}; "
-        f"{off['resident_bytes'] / 2**20:.1f} with {memory.NO_PREPACKING})\n")
+        f"{off['resident_bytes'] / 2**20:.1f} with {counting.NO_PREPACKING})\n")
     for v in vocabulary:
         if v["in_memory"]["defaults"]["copies"] > 1 or v["copies_on_disk"] > 1:
             say(f"retie: {v['table']} was stored {v['copies_on_disk']} time(s) and held {v['in_memory']['defaults']['copies']} "

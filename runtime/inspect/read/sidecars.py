@@ -9,7 +9,9 @@ import tempfile
 from graphs.storage import umask
 
 MAX_BYTES = 16 * 2**20  # a config or tokenizer file larger than this is not one
+
 GENAI_CONFIG = "genai_config.json"
+
 NAMES = (GENAI_CONFIG, "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
          "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model",
          "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json",
@@ -113,4 +115,3 @@ def _claim(path, data):
     finally:
         os.unlink(staged)
     return f"copied {name} beside OUT"
-

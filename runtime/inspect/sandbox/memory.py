@@ -1,19 +1,15 @@
 """What a user's process holds: copies of each table under onnxruntime's default SessionOptions (prepacked
 ones included, which no initializer of the optimized model shows) and with prepacking off, counted from the
 optimized model and measured in the isolated child after one run."""
-from runtime.inspect import isolated
-from runtime.resident import copies_held
-
-SETTINGS = {"defaults": True, "no_prepacking": False}  # name in the report -> prepacking on
-NO_PREPACKING = "session.disable_prepacking=1"  # the setting that changes it, as a user writes it
-RESOLUTION = 16 * 2**20  # below this a table's ratio is not given: a session's own pages (~3 MiB) would swamp it
+from runtime.inspect.findings.counting import SETTINGS
+from runtime.inspect.sandbox import isolated
 
 
 def measure(model, rows, shape, folder, limits, model_bytes, side_by_side=False):
     """`model`: {"checked": a Model's checked} (the user's model) or {"model": path} (one this tool wrote).
 
     {setting: {resident_bytes, anonymous_bytes, file_bytes, peak_bytes} or None, "error": why} for each of SETTINGS, each
-    in a fresh isolated child, on the feeds `shape` (runtime.inspect.feeds.plan) describes; `side_by_side`: the
+    in a fresh isolated child, on the feeds `shape` (runtime.inspect.sandbox.feeds.plan) describes; `side_by_side`: the
     children run at once (each measures its own resident set, which another process mapping the same file does not
     change). None where onnxruntime refuses to run the model on the proof's feeds; a crash or time-out is an
     InspectError, like every isolated step."""
@@ -53,25 +49,3 @@ def measure_together(parts, folder, limits, model_bytes):
         except isolated.StepFailed as e:
             measured[setting], measured["error"] = None, str(e).split(": ", 1)[-1]
     return measured
-
-
-def not_counted():
-    """The `in_memory` entry of a table when onnxruntime was not run (--static): every figure null."""
-    return {setting: held(None, None, 1, 0) for setting in SETTINGS}
-
-
-def in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured):
-    """The `in_memory` entry of one table: per setting, copies counted and bytes measured, and times_table =
-    (resident growth - the model's other initializers) / the table's bytes, None for a table under RESOLUTION."""
-    return {setting: held(copies_held(names, optimized.proto, prepacked, prepacking), measured.get(setting),
-                          table_bytes, other_bytes) for setting, prepacking in SETTINGS.items()}
-
-
-def held(copies, figures, table_bytes, other_bytes):
-    """One setting's entry of `in_memory`: `copies`, and the measured `figures` (None: not measured) with their
-    times_table."""
-    if figures is None:
-        return {"copies": copies, "resident_bytes": None, "anonymous_bytes": None, "file_bytes": None, "peak_bytes": None,
-                "times_table": None}
-    return {"copies": copies, **figures, "times_table": (round((figures["resident_bytes"] - other_bytes) / table_bytes, 2)
-                                                        if table_bytes >= RESOLUTION else None)}

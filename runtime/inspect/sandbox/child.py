@@ -1,14 +1,15 @@
-"""The isolated child's entry point: `python -m runtime.inspect.child JOB.json` runs one step on an untrusted model
+"""The isolated child's entry point: `python -m runtime.inspect.sandbox.child JOB.json` runs one step on an untrusted model
 (build its optimized model, measure a session, prove a retie) and writes its answer to the job's `result` path.
 
-An entry module of its own, apart from runtime.inspect.isolated (which starts it): a module run as `__main__` is
+An entry module of its own, apart from runtime.inspect.sandbox.isolated (which starts it): a module run as `__main__` is
 a second copy of itself, so an exception class raised by code that imported the library (`Changed`, from proof)
 would not be the one `except` names here. runtime.inspect's package imports nothing, so this starts lean.
 """
 import json
 import sys
 
-from runtime.inspect.isolated import OUT_OF_MEMORY, Changed, source
+from runtime.inspect.read.checked import Changed, source
+from runtime.inspect.sandbox.isolated import OUT_OF_MEMORY
 
 
 def _first_line(e):
@@ -34,7 +35,7 @@ def _measure(job):
     """What a session adds after one run of the proof's decoder feeds, in this fresh process."""
     import onnx
 
-    from runtime.inspect.feeds import shaped_feeds
+    from runtime.inspect.sandbox.feeds import shaped_feeds
     from runtime.resident import session_growth
     model, folder = _model(job)
     proto = onnx.load_model_from_string(model) if folder else onnx.load(model, load_external_data=False)
@@ -47,7 +48,7 @@ def _measure_together(job):
     """What sessions on every file of a folder add when one process holds them all (Pss), after one run each."""
     import onnx
 
-    from runtime.inspect.feeds import shaped_feeds
+    from runtime.inspect.sandbox.feeds import shaped_feeds
     from runtime.resident import sessions_growth
     models = []
     for part in job["files"]:
@@ -59,7 +60,7 @@ def _measure_together(job):
 
 
 def _prove(job):
-    from runtime.inspect.proof import OriginalFails, prove
+    from runtime.inspect.sandbox.proof import OriginalFails, prove
     try:
         return {"failures": prove(job)}
     except OriginalFails as e:

@@ -8,11 +8,14 @@ import json
 import numpy as np
 from onnx import helper
 
-from runtime.inspect import sidecars
+from runtime.inspect.read import sidecars
 
 BATCH, SEQUENCE, PAST = 1, 3, 4  # the defaults; GroupQueryAttention wants batch 1 with a past
+
 LENGTHS = (SEQUENCE, 1)  # new tokens per proof run: a prompt's worth, then one decoding step
+
 _WINDOW_ATTRIBUTES = ("local_window_size", "sliding_window", "window_size")  # GroupQueryAttention, others
+
 _MOST = 1 << 16  # a window or context beyond this is not one a proof can feed
 
 

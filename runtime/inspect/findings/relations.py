@@ -4,7 +4,8 @@ import hashlib
 import numpy as np
 from onnx import TensorProto
 
-from runtime.inspect import quantized, shares
+from runtime.inspect.findings import shares
+from runtime.inspect.graph import quantized
 from runtime.resident import scoped
 
 _CHUNK = 16 * 2**20  # bytes compared at a time, so a memory-mapped table is never read whole at once

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import AttributeProto, TensorProto
 
-from runtime.inspect.reading import InspectError
+from runtime.inspect.read.text import InspectError
 
 _CHUNK = 8 * 2**20  # float64 values decoded at a time
+
 _SIGNED = {TensorProto.INT4: True, TensorProto.UINT4: False, TensorProto.INT8: True, TensorProto.UINT8: False}
+
 _UNPACK_WHOLE = 64 * 2**20  # a packed 4-bit tensor read across its rows is unpacked whole only below this
 
 

@@ -1,0 +1,61 @@
+"""A model is a folder: each file the client loads examined, then the files related and measured together."""
+import os
+
+from runtime.inspect import examine
+from runtime.inspect.findings import counting
+from runtime.inspect.findings.across import (
+    config_tie,
+    held_together,
+    relate_files,
+    tie_finding,
+)
+from runtime.inspect.read.layout import client_files
+from runtime.inspect.sandbox import isolated, memory
+
+
+def _each_file(folder, files, scratch, limits, proof_past, static):
+    """[{file, model, info}]: each file examined (examine), its session not measured alone; the files' optimized
+    models built side by side where the machine has the cores and the memory for them all."""
+    where = [os.path.join(scratch, f"file{i}") for i in range(len(files))]
+    for path in where:
+        os.mkdir(path)
+    paths = [os.path.join(folder, name) for name in files]
+    if static:
+        infos = [examine.inspect_model(p, w, limits, proof_past, static=True) for p, w in zip(paths, where)]
+    elif isolated.side_by_side(limits, sum(os.path.getsize(p) for p in paths), len(paths)):
+        started = []
+        try:
+            for path, scratch_of in zip(paths, where):
+                started.append(examine.start(path, scratch_of, limits, proof_past, measure=False))
+            infos = [s.finish() for s in started]
+        finally:
+            for s in started:
+                s.stop()
+    else:
+        infos = [examine.inspect_model(p, w, limits, proof_past, measure=False) for p, w in zip(paths, where)]
+    return [{"file": name, "model": info["model"], "info": info} for name, info in zip(files, infos)]
+
+
+def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static=False):
+    """Everything a folder's report shows: {folder, rule, items: [{file, model, info}], across: relate_files' with
+    each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. Each file gets a folder of its own
+    in `scratch`; `static`: onnxruntime is never started (nothing counted in memory)."""
+    files, rule = client_files(folder, chosen)
+    items = _each_file(folder, files, scratch, limits, proof_past, static)
+    across = relate_files(items)
+    config = config_tie(folder)
+    parts = [{"checked": it["model"].checked, "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
+             for it in items if it["info"]["rows"]]
+    together = os.path.join(scratch, "together")
+    os.mkdir(together)
+    total = sum(it["model"].file_bytes for it in items)
+    measured = memory.measure_together(parts, together, limits, total) if parts and across["vocabulary"] and \
+        not static else {}
+    weights = sum(t.nbytes for it in items for t in it["model"].tensors.values())
+    for group in across["vocabulary"]:
+        stored = sum(s["bytes"] for s in group["stored"])
+        group["in_memory"] = counting.not_counted() if static else held_together(group, items, measured, weights - stored)
+        group["config_tie"] = config if group["kind"] == "token" else None
+        group["tie_finding"] = tie_finding(group, config, items)
+    return {"folder": folder, "rule": rule, "items": items, "across": across, "measure_error": measured.get("error"),
+            "onnxruntime": items[0]["info"]["onnxruntime"] if items else None}

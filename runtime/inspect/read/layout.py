@@ -1,0 +1,68 @@
+"""The files a client loads together from a folder: genai_config.json's, Optimum's encoder and merged
+decoder (or the split pair), transformers.js's onnx/ layout at one dtype suffix, else every .onnx file."""
+import os
+
+from runtime.inspect.read import sidecars
+from runtime.inspect.read.text import InspectError
+
+SUFFIXES = ("", "_fp16", "_q4", "_q4f16", "_int8", "_uint8", "_quantized", "_bnb4")  # transformers.js dtypes
+
+_ENCODERS = ("embed_tokens", "vision_encoder", "audio_encoder", "encoder_model")
+
+
+def client_files(folder, chosen=None):
+    """(the .onnx files a client loads together, relative to `folder`, the rule that chose them). `chosen`: the
+    names --files gave. InspectError when the folder holds none."""
+    files, rule = _chosen_by_layout(folder, chosen)
+    for name in files:  # a link or a `..` out of the folder is not one of its files, whoever names it
+        path = os.path.realpath(os.path.join(folder, name))
+        if os.path.commonpath([path, os.path.realpath(folder)]) != os.path.realpath(folder):
+            raise InspectError(f"{'--files ' if chosen else ''}{name}: not inside {folder} (a link or a path out "
+                               f"of it, named by {rule})")
+        if not os.path.isfile(path):
+            raise InspectError(f"{'--files ' if chosen else ''}{name}: no such file in {folder}")
+    return files, rule
+
+
+def _chosen_by_layout(folder, chosen):
+    """client_files' choice before its names are checked."""
+    if chosen:
+        return list(dict.fromkeys(chosen)), "--files"
+    genai = sidecars.genai_config(os.path.join(folder, sidecars.GENAI_CONFIG)) or {}
+    section = genai.get("model") if isinstance(genai.get("model"), dict) else {}
+    named = [part.get("filename") for part in section.values() if isinstance(part, dict)]
+    named = [n for n in named if isinstance(n, str) and n and os.path.lexists(os.path.join(folder, n))]
+    if named:
+        return list(dict.fromkeys(named)), "genai_config.json's model files"
+    if os.path.isdir(os.path.join(folder, "onnx")):
+        found = _layout(folder, "onnx")
+        if found:
+            files, suffix = found
+            return files, f"transformers.js's onnx/ layout at dtype suffix {suffix!r} (embed_tokens, encoders, decoder)"
+    found = _layout(folder, "", suffixes=("",))
+    if found:
+        files = found[0]
+        merged = any(f.endswith("decoder_model_merged.onnx") for f in files)
+        return files, ("Optimum's: the encoder and the merged decoder, as ORTModelForSeq2SeqLM opens them" if merged
+                       and any("encoder" in f for f in files) else "Optimum's merged decoder" if merged else
+                       "Optimum's split decoder pair (no merged file)")
+    every = sorted(n for n in os.listdir(folder) if n.endswith(".onnx") and os.path.isfile(os.path.join(folder, n)))
+    if not every:
+        raise InspectError(f"{folder}: no .onnx file in the folder (and no genai_config.json naming one)")
+    return every, "every .onnx file in the folder"
+
+
+def _layout(folder, sub, suffixes=SUFFIXES):
+    """([files], suffix) of an Optimum / transformers.js layout in folder/sub at the first dtype suffix it has."""
+    where = os.path.join(folder, sub)
+    for suffix in suffixes:
+        exists = lambda stem: os.path.isfile(os.path.join(where, stem + suffix + ".onnx"))
+        if exists("decoder_model_merged"):
+            decoders = ["decoder_model_merged"]
+        elif exists("decoder_model"):
+            decoders = ["decoder_model"] + (["decoder_with_past_model"] if exists("decoder_with_past_model") else [])
+        else:
+            continue
+        stems = [s for s in _ENCODERS if exists(s)] + decoders
+        return [os.path.join(sub, s + suffix + ".onnx") for s in stems], suffix
+    return None

@@ -1,0 +1,19 @@
+"""What inspect says about untrusted text: its one error type, and names made printable."""
+import unicodedata
+
+
+class InspectError(Exception):
+    """Bad input or a model that cannot be read safely: one line on stderr, exit 2."""
+
+
+_UNSAFE = ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn")  # controls, format marks, line breaks, surrogates, unassigned
+
+
+def printable(text):
+    """`text` with every control, format, line-separator, surrogate or unassigned character written as an escape
+    (\\x1b, \\u2028), one final newline kept: a name in the model cannot move the cursor, set a window title or
+    forge a report line."""
+    end = "\n" if text.endswith("\n") else ""
+    body = text[:len(text) - len(end)]
+    return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in _UNSAFE else c
+                   for c in body) + end

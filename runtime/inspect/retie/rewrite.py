@@ -1,0 +1,116 @@
+"""The rewrite --retie makes: each duplicated head read from its table in a form onnxruntime keeps as one."""
+from onnx import TensorProto, helper
+
+from runtime.inspect.findings.relations import stored_as_table
+from runtime.inspect.graph.walk import lookup_ids
+from runtime.inspect.read.text import InspectError
+from runtime.inspect.retie.edits import const, drop_dead, shell, unique_name, view_of
+from runtime.inspect.retie.packed import gather_head_codes, gather_packed_in_place
+from runtime.inspect.retie.rules import remedy
+
+
+def rewrite(model, pairs):
+    """Rewrite `model.proto` in place as remedy() says for each pair, so that each table and its head read one
+    tensor stored [vocab, width] in a form onnxruntime keeps as one: a duplicated head, a head that prepacks the
+    table it shares, or one reading it through a Transpose (which onnxruntime folds into a copy), becomes
+    Gemm(transB=1) on the table's run-time view (a OneHot product's lookup reads that view too), and a table
+    stored [width, vocab] (onnxruntime-genai's shared embeddings) is stored once the other way round.
+    Returns ([(head output, hidden input, table as the original stores it, whether transposed there, the table's
+    name now)], {name: array} of the data of every external or new initializer, views on the model's files that
+    graphs.save writes in chunks: no tensor is loaded whole)."""
+    graph = model.proto.graph
+    rewritten, done = [], set()
+    sources = {t.name: model.tensors[t.name].raw() for t in graph.initializer if t.data_location == TensorProto.EXTERNAL}
+    for p in pairs:
+        table, head = p["table_entry"], p["head_entry"]
+        how, _ = remedy(p)
+        if how == "packed_shared" and id(table["node"]) not in done:
+            done.add(id(table["node"]))
+            if gather_packed_in_place(graph, model, table):
+                rewritten.append((None, None, table["initializer"], False, table["initializer"]))
+        elif how == "packed_duplicate" and id(table["node"]) not in done:
+            done.add(id(table["node"]))
+            if gather_head_codes(graph, model, table, head):
+                rewritten.append((None, None, table["initializer"], False, head["initializer"]))
+        elif how == "view" and id(head["node"]) not in done:
+            done.add(id(head["node"]))
+            name, flipped = table["initializer"], table["flips"] % 2 == 1
+            if flipped:  # stored [width, vocab]: store it once as [vocab, width] and look rows up directly
+                rows = unique_name(graph, model, name + "_rows")
+                sources[rows] = shell(graph, rows, model.tensors[name].values().T)
+                table["node"].input[0] = rows
+                name = rows
+            if table["node"].op_type == "MatMul" and id(table["node"]) not in done:  # one_hot(ids) @ table
+                done.add(id(table["node"]))
+                table["node"].input[1] = view_of(table["body"], model, table["node"], name, lookup_ids(table),
+                                               [table["vocab"], table["width"]])
+            # in the head's own graph (an If branch reads the table and the view's constants from outside)
+            rewritten.append(_gemm_head(head["body"], model, head["node"], name, table["vocab"], table["width"])
+                             + (table["initializer"], flipped, name))
+    drop_dead(graph)
+    kept = {t.name for t in graph.initializer}
+    return rewritten, {name: array for name, array in sources.items() if name in kept}
+
+
+def _gemm_head(graph, model, node, table, vocab, width):
+    """Make head `node` a Gemm(transB=1) on `table` (a FusedMatMul stays one, transB=1), read through
+    graphs.tie's run-time view so that onnxruntime's defaults do not prepack a second copy of it; (output,
+    hidden input)."""
+    hidden, output = node.input[0], node.output[0]
+    prefix = unique_name(graph, model, "retie_head") + "_"
+    table = view_of(graph, model, node, table, hidden, [vocab, width])
+    if node.op_type in ("Gemm", "FusedMatMul"):
+        kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        node.input[1] = table  # B becomes the table itself, read transposed in place
+        node.attribute.append(helper.make_attribute("transB", 1))
+        return output, hidden
+    at = list(graph.node).index(node)
+    new = [
+        helper.make_node("Shape", [hidden], [prefix + "hidden_shape"], name=prefix + "shape"),
+        helper.make_node("Slice", [prefix + "hidden_shape", const(model.proto.graph, prefix + "zero", [0]),
+                                   const(model.proto.graph, prefix + "minus_one", [-1])], [prefix + "lead_dims"],
+                         name=prefix + "lead_dims"),
+        helper.make_node("Concat", [prefix + "lead_dims", const(model.proto.graph, prefix + "vocab", [vocab])],
+                         [prefix + "logits_shape"], name=prefix + "logits_shape", axis=0),
+        helper.make_node("Reshape", [hidden, const(model.proto.graph, prefix + "rows_shape", [-1, width])], [prefix + "rows"],
+                         name=prefix + "flatten"),
+        helper.make_node("Gemm", [prefix + "rows", table], [prefix + "logits_rows"], name=prefix + "tied_head",
+                         doc_string=f"tied head: hidden @ {table}^T, read in place (retied by runtime.inspect)",
+                         transB=1),
+        helper.make_node("Reshape", [prefix + "logits_rows", prefix + "logits_shape"], [output],
+                         name=prefix + "unflatten"),
+    ]
+    graph.node.remove(node)
+    for offset, n in enumerate(new):
+        graph.node.insert(at + offset, n)
+    return output, hidden
+
+
+def borrow(model, sources, head, owner, table):
+    """Point `head` (an entry of `model`, a file that holds no lookup of the table) at `table`, an initializer of
+    another file's model `owner` with the same values: the table is declared in `model` too (its data, in `sources`,
+    read from `owner`'s file; saved together with `owner` it is stored once, graphs.together) and the head becomes a
+    Gemm(transB=1) on its run-time view, as rewrite() makes a head in one file; the head's own copy is dropped.
+    The rewritten entry, as rewrite() lists them."""
+    graph = model.proto.graph
+    name = unique_name(graph, model, table["initializer"])
+    sources[name] = shell(graph, name, owner.tensors[table["initializer"]].values())
+    entry = _gemm_head(head["body"], model, head["node"], name, table["vocab"], table["width"])
+    drop_dead(graph)
+    sources.pop(head["initializer"], None)
+    return entry + (head["initializer"], not stored_as_table(head), name)
+
+
+def planned(model, found, say):
+    """Rewrite `model` as remedy() says (rewrite()) and say each tie left as it is: (rewritten, sources); an
+    InspectError for an opset the rewrite cannot use."""
+    if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
+        raise InspectError(f"{model.path}: opset below 13; --retie rewrites with opset-13 Slice and Reshape")
+    rewritten, sources = rewrite(model, found["pairs"])
+    for p in found["pairs"]:
+        how, why = remedy(p)
+        if how is None and why is not None:
+            say(f"retie: {p['table']} / {p['head']} ({p['relation']}): {why}\n")
+    return rewritten, sources

@@ -1,0 +1,43 @@
+"""What --retie does with each table/head pair, decided here and nowhere else."""
+from runtime.inspect.retie.packed import packed_duplicate, packed_shared
+
+
+def remedy(pair):
+    """What --retie does with a table/head pair, decided here and nowhere else: (how, why). `how` is "packed_shared",
+    "packed_duplicate" or "view" (the head, and a OneHot product's lookup, read the one table through graphs.tie's
+    run-time view; a head becomes a Gemm(transB=1) on it), or None when the pair is left as it is; `why` then says
+    why in one line where the pair holds one table's values twice (None where there is nothing to say)."""
+    table, head, relation = pair["table_entry"], pair["head_entry"], pair["relation"]
+    if relation == "distinct":
+        return None, None
+    inside = [g for g in (table["graph"], head["graph"]) if g != "main"]
+    if any(not _in_branches(g) for g in inside):
+        return None, (f"read inside a Loop or Scan body ({inside[0]}): found and counted, but --retie rewrites the "
+                      "main graph and If branches only")
+    if relation == "quantized_copy":
+        return None, ("a quantized copy, not a tie: its values differ from the table's by rounding, so neither can "
+                      "read the other's without changing the outputs")
+    if (packed_shared(pair) or packed_duplicate(pair)) and inside:
+        return None, f"an int4 tie inside an If branch ({inside[0]}): found and counted, not rewritten there yet"
+    if packed_shared(pair):
+        return "packed_shared", None
+    if packed_duplicate(pair):
+        return "packed_duplicate", None
+    views = table["views"] + head["views"]
+    if table["format"] != "float32" or head["format"] != "float32":
+        return None, (f"a {table['format']} table read through {', '.join(views) or 'no view'} by "
+                      f"{table['node'].op_type}: left as it is (--retie rewrites float32 tables, and onnxruntime's "
+                      "int4 block layouts)")
+    if "Reshape" in views:
+        return None, (f"read through a Reshape that is not the table's own shape ({', '.join(views)}): left as it is "
+                      "(a rewrite would have to undo it)")
+    if relation == "shared" and not pair["via_transpose"] and "View" in head["views"] and (
+            table["node"].op_type == "Gather" or "View" in table["views"]):
+        return None, None  # already read through a run-time view: one table in memory
+    return "view", None
+
+
+def _in_branches(path):
+    """Whether a graph path (reading.graph_paths) runs through If branches only, each a graph run once as a whole
+    (a Loop or Scan body runs once per iteration: a proof would have to follow its state)."""
+    return all(step.endswith((".then_branch", ".else_branch")) for step in path.split("/")[1:])

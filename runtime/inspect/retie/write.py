@@ -1,0 +1,116 @@
+"""--retie: make every duplicated head read its table in a form onnxruntime keeps as one, prove it, then write."""
+import os
+
+from onnx import TensorProto
+
+import graphs
+from runtime.inspect.findings.relations import copy_key, runtime_copies
+from runtime.inspect.read import sidecars
+from runtime.inspect.read.model import load
+from runtime.inspect.read.text import InspectError
+from runtime.inspect.retie.rewrite import planned
+from runtime.inspect.sandbox import isolated, memory
+from runtime.inspect.sandbox.feeds import describe
+from runtime.resident import copies_held, prepacked_copies
+
+
+def proven(model, found, rewritten, sources, folder, limits, upstream=()):
+    """Stage the rewritten model in `folder`, prove it (isolated) and count the copies a session would hold under
+    onnxruntime's defaults: (staged path, {table now: copies held}, failures: empty when proven). InspectError
+    when the original cannot be run on the proof's feeds (nothing about the retie is known). `upstream`: the inputs
+    other files of a folder make (proof._fed_from)."""
+    staged = os.path.join(folder, "retied.onnx")
+    limits.progress("writing the retied model to the scratch folder, to prove it")
+    graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
+    job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged,
+           "rewritten": rewritten, "rows": found["rows"], "folder": folder, "shape": found["shape"],
+           "upstream": list(upstream)}
+    try:
+        answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
+        if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
+            raise InspectError(f"{model.path} cannot be proven on this machine, nothing written: "
+                               f"{answer['original']} (--proof-past N sets the past length)")
+        failures = answer["failures"]
+        optimized = os.path.join(folder, "retied.optimized.onnx")
+        isolated.call({"kind": "optimize", "model": staged, "out": optimized, "folder": folder},
+                      "optimizing the retied model", limits, model.file_bytes)
+    except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
+        return staged, {}, [f"failed, nothing written: {e}"]
+    retied, retied_optimized = load(staged), load(optimized, folder)
+    copies = runtime_copies(retied, retied_optimized, sorted({final for *_, final in rewritten}))
+    prepacked = prepacked_copies(retied_optimized.proto)
+    before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
+    held = {}
+    for table, original in {final: original for _, _, original, _, final in rewritten}.items():
+        extra = [copy_key(c) for c in copies if c.get("copy_of") == table and c["bytes"] >= retied.tensors[table].nbytes]
+        if extra:
+            failures.append(f"onnxruntime still copies {table} at run time: {extra}")
+        held[table] = copies_held([table] + extra, retied_optimized.proto, prepacked, prepacking=True)
+        float_table = retied.tensors[table].data_type == TensorProto.FLOAT
+        if held[table] > (1 if float_table else before.get(original, 1)):
+            failures.append(f"under onnxruntime's default SessionOptions a session would hold {held[table]} copies "
+                            f"of {table}")
+    return staged, held, failures
+
+
+def retie(model, found, out_path, folder, limits, say):
+    """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven."""
+    rewritten, sources = planned(model, found, say)
+    if not rewritten:
+        say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
+        return 0
+    staged, held, failures = proven(model, found, rewritten, sources, folder, limits)
+    if failures:
+        say(f"retie: {failures[0]}\n" if failures[0].startswith("failed") else
+            f"retie: not proven, nothing written: {failures[0]}\n")
+        return 1
+    measured = memory.measure({"model": staged}, found["rows"], found["shape"], folder, limits, model.file_bytes)
+    limits.progress(f"writing {out_path}")
+    written = graphs.save(model.proto, out_path, check=False, sources=sources)  # the model the child checked
+    limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
+    size = sum(os.path.getsize(p) for p in written)
+    say(rewritten_line(rewritten, model, found["shape"]))
+    was = {v["table"]: v for v in found["vocabulary"]}
+    for table, original in {final: original for _, _, original, _, final in rewritten}.items():
+        say(gained_line(table, held[table], was.get(original), measured.get("defaults")))
+    saved = model.file_bytes - size
+    say(f"retie: wrote {out_path}: {model.file_bytes} -> {size} bytes on disk "
+        f"({f'saved {saved}' if saved >= 0 else f'{-saved} bytes more'})\n")
+    for line in sidecars.copy_beside(model.path, out_path):
+        say(f"retie: {line}\n")
+    return 0
+
+
+def rewritten_line(rewritten, model, shape, where="", fed=()):
+    """The line that says what a proven retie of `model` rewrote and on which feeds (feeds.plan's `shape`; `fed`:
+    the inputs another file made, retie_folder.upstream); `where`: the file's name and ': ', in a folder."""
+    kept = ", ".join(sorted({final for *_, final in rewritten}))
+    heads = sum(hidden is not None for _, hidden, *_ in rewritten)
+    lookups = len(rewritten) - heads
+    changed = [f"{heads} head{'s' if heads != 1 else ''} now a Gemm on its run-time view"] if heads else []
+    changed += [f"{lookups} lookup{'s' if lookups != 1 else ''} now reading the head's codes"] if lookups else []
+    branches = any(v.name == "use_cache_branch" for v in model.proto.graph.input)
+    feeds = describe(shape) + (", both branches of use_cache_branch" if branches else "") + "".join(
+        f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
+    return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "
+            "heads within 2 gamma_w sum|a b|, every other output bit for bit\n")
+
+
+def gained_line(table, copies, was, figures):
+    """The line that says what a retie gained in a session under onnxruntime's defaults: the copies of `table` it
+    holds and, where measured (memory.measure's `figures`, the vocabulary entry `was` before), what it adds after a
+    run and at its peak, against the original's; and why, where the copies stay as they were."""
+    def mib(entry, key):
+        value = None if entry is None else entry.get(key)
+        return "?" if value is None else f"+{value / 2**20:.1f} MiB"
+
+    before = None if was is None else was["in_memory"]["defaults"]
+    counted = "?" if was is None else was["tables_in_memory"]
+    line = (f"retie: under onnxruntime's default SessionOptions a session holds {copies} cop"
+            f"{'y' if copies == 1 else 'ies'} of {table} (was {counted})")
+    if figures is not None:
+        line += (f": {mib(figures, 'resident_bytes')} resident after a run (was {mib(before, 'resident_bytes')}), "
+                 f"at most {mib(figures, 'peak_bytes')} on the way (was {mib(before, 'peak_bytes')})")
+    if copies == counted and copies > 1:
+        line += "; the head's kernel prepacks its own copy of the codes, with or without the retie"
+    return line + "\n"
