@@ -1,0 +1,113 @@
+"""What the suites share: the repo's paths, the inspect command in a subprocess, its --json (cached for the
+fixtures, which no test changes), the one-line-error rule, and small ONNX models built by hand."""
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+FOLDERS = os.path.join(FIXTURES, "folders")
+U = 2.0**-24  # float32's unit roundoff
+
+
+def run_inspect(*args, timeout=300, cwd=ROOT, **kwargs):
+    """`python -m runtime.inspect ARGS` in a subprocess, as a user runs it: the CompletedProcess (text)."""
+    return subprocess.run([sys.executable, "-m", "runtime.inspect", *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, **kwargs)
+
+
+def inspect_cli(*args, **kwargs):
+    """run_inspect's answer as (exit status, stdout, stderr)."""
+    done = run_inspect(*args, **kwargs)
+    return done.returncode, done.stdout, done.stderr
+
+
+def inspected(*args, **kwargs):
+    """run_inspect that must exit 0 (its stderr is the failure's message)."""
+    done = run_inspect(*args, **kwargs)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def findings(path, *args):
+    """`inspect PATH --json ARGS`, parsed. A fixture's answer is computed once a session (a fresh copy each call);
+    anything else (a test's own files, which it may change between calls) is inspected every time."""
+    path = os.path.abspath(str(path))
+    if path.startswith(FIXTURES + os.sep):
+        return json.loads(_fixture_json(path, args, _stamp(path)))
+    return json.loads(inspected(path, "--json", *args).stdout)
+
+
+def _stamp(path):
+    """What would tell a changed fixture from the one cached: size and mtime of the file (or the folder's files)."""
+    names = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+    return tuple(sorted((n, os.stat(n).st_size, os.stat(n).st_mtime_ns) for n in names))
+
+
+@functools.lru_cache(maxsize=None)
+def _fixture_json(path, args, stamp):
+    return inspected(path, "--json", *args).stdout
+
+
+def one_line_error(code, err, *words):
+    """Exit 2 with exactly one line on stderr, no traceback, naming each of `words`."""
+    return code == 2 and err.count("\n") == 1 and "Traceback" not in err and all(w in err for w in words)
+
+
+def model_of(nodes, inputs, outputs, initializers):
+    graph = helper.make_graph(nodes, "hostile", inputs, outputs, initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    return model
+
+
+def head_through(nodes, table=None):
+    """ids -> Gather(table); hidden -> MatMul(hidden, <the last of `nodes`>) -> logits."""
+    import graphs
+    table = graphs.make_table(16, 4) if table is None else table
+    return model_of(
+        [helper.make_node("Gather", ["embedding", "ids"], ["embeddings"])] + nodes
+        + [helper.make_node("MatMul", ["hidden", nodes[-1].output[0] if nodes else "embedding"], ["logits"])],
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
+         helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["n", 4]),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 16])],
+        [numpy_helper.from_array(table, "embedding")])
+
+
+def transposed_head(table=None):
+    """A head reading its table through a Transpose: --retie has something to rewrite."""
+    return head_through([helper.make_node("Transpose", ["embedding"], ["t"], perm=[1, 0])], table)
+
+
+def many_tables(count):
+    """`count` lookups and `count` heads, all of one shape and all different: count^2 pairs to relate."""
+    rng = np.random.default_rng(0)
+    nodes, initializers, outputs = [], [], []
+    for i in range(count):
+        initializers += [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), f"t{i}"),
+                         numpy_helper.from_array(rng.standard_normal((4, 8)).astype(np.float32), f"h{i}")]
+        nodes += [helper.make_node("Gather", [f"t{i}", "ids"], [f"e{i}"]),
+                  helper.make_node("MatMul", ["hidden", f"h{i}"], [f"l{i}"])]
+        outputs += [helper.make_tensor_value_info(f"e{i}", TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info(f"l{i}", TensorProto.FLOAT, None)]
+    return model_of(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
+                            helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["n", 4])],
+                    outputs, initializers)
+
+
+def save_raw(model, path):
+    """Write without any checker: these files are meant to be broken."""
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+    return path
+
+
+def folded(data):
+    """The runtime copies onnxruntime's optimized model holds (not the ones kernels prepack at load)."""
+    return [c for c in data["runtime_copies"] if c.get("view") != "prepacked"]
