@@ -19,14 +19,7 @@ from runtime.inspect.graph import constants
 from runtime.inspect.read import checked as read_checked
 from runtime.inspect.read.model import load
 from runtime.inspect.sandbox import guard
-from tests.test_inspect_hostile import (
-    FIXTURES,
-    ROOT,
-    head_through,
-    inspect_cli,
-    model_of,
-    one_line_error,
-)
+from tests.helpers import FIXTURES, ROOT, head_through, inspect_cli, model_of, one_line_error
 
 
 def genai_copy(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphs
-from tests.test_inspect_hostile import FIXTURES, ROOT, inspect_cli, model_of, one_line_error
+from tests.helpers import FIXTURES, ROOT, inspect_cli, model_of, one_line_error
 
 HOSTILE = "emb\x1b]0;pwned\x07\x1b[2J\nvocabulary: forged\u2028x"
 

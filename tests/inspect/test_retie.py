@@ -21,10 +21,8 @@ from runtime.inspect.retie import rewrite, rules
 from runtime.inspect.sandbox import isolated, proof
 from runtime.resident import prepacked_copies
 from runtime.runner import optimized_model
+from tests.helpers import FIXTURES, ROOT, U
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
-U = 2.0**-24
 V, D = 300, 16
 TABLE = np.random.default_rng(0).standard_normal((V, D)).astype(np.float32)
 

@@ -15,10 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 import graphs
 from graphs.export import FILES, build_all
 from runtime import inspect
+from tests.helpers import FIXTURES, ROOT, U
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
-U = 2.0**-24
 
 
 def run_inspect(*args):

@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from runtime.inspect.read.layout import client_files
 from runtime.inspect.read.model import graph_paths
+from tests.helpers import FIXTURES, FOLDERS, ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V, D = 1000, 64  # a table large enough that onnxruntime folds and prepacks copies of it
 TABLE = np.random.default_rng(0).standard_normal((V, D)).astype(np.float32)
 OTHER = np.random.default_rng(1).standard_normal((V, D)).astype(np.float32)
@@ -208,7 +208,6 @@ def test_files_chooses_and_folder_only_options_are_refused_elsewhere(tmp_path):
 
 # --- real exports (tests/fixtures/make_folder_fixtures.py) ----------------------------------------------------------
 
-FOLDERS = os.path.join(ROOT, "tests", "fixtures", "folders")
 VOCAB, WIDTH = 256, 32  # every folder fixture's
 
 
@@ -442,7 +441,7 @@ def test_retie_a_split_folder_points_the_decoders_head_at_the_lookups_table(tmp_
 
 def test_retie_a_genai_folder_keeps_its_config_naming_the_decoder(tmp_path):
     out = tmp_path / "out"
-    done = run_inspect(os.path.join(ROOT, "tests", "fixtures", "genai_fp32"), "--retie", out)
+    done = run_inspect(os.path.join(FIXTURES, "genai_fp32"), "--retie", out)
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(os.listdir(out)) == ["genai_config.json", "model.data", "model.onnx"]
     assert json.load(open(out / "genai_config.json"))["model"]["decoder"]["filename"] == "model.onnx"

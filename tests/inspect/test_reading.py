@@ -21,9 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphs
 from runtime.inspect import main
+from tests.helpers import FIXTURES, ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 FUZZ_CASES = int(os.environ.get("ONNX_LAB_FUZZ_CASES", "300"))
 CASE_SECONDS = 60  # generous for a shared 2-core machine; a hang runs forever
 

@@ -11,9 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphs
+from tests.helpers import FIXTURES, ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 PROMPTS = ([1, 2, 3, 4], [17, 250, 3, 99, 400], [511, 7])
 
 

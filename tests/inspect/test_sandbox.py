@@ -19,15 +19,7 @@ from runtime.inspect.read import checked as read_checked
 from runtime.inspect.read.model import load
 from runtime.inspect.read.text import InspectError
 from runtime.inspect.sandbox import guard, isolated
-from tests.test_inspect_hostile import (
-    FIXTURES,
-    ROOT,
-    head_through,
-    inspect_cli,
-    model_of,
-    one_line_error,
-)
-from tests.test_inspect_hostile2 import many_tables
+from tests.helpers import FIXTURES, ROOT, head_through, inspect_cli, many_tables, model_of, one_line_error
 
 
 def tied(path, vocab=64, width=8, seed=0, external=False):
