@@ -23,14 +23,14 @@ from reference.scores import (check_factor, check_id, check_ids, cosine, dot, le
                               neighbors, norm, one_hot, onehot_lookup, onehot_lookup_counted, scale_sqrt_d,
                               stretch_row, stretch_to_lead)
 from reference.tables import GOLDEN, check_int, make_table, mix64, param_count, shape  # noqa: E402
-from reference.walkthrough import (OneLineParser, Terminated, UsageError, check_fits, main, parse_ids,  # noqa: E402
-                                   physical_memory, raise_on_sigterm, run_cli)
+from reference.walkthrough import (ENDING, OneLineParser, Terminated, UsageError, check_fits, main,  # noqa: E402
+                                   parse_ids, physical_memory, raise_on_sigterm, run_cli)
 
 __all__ = ["FORMATS", "QMAX", "dequantize", "quantize", "table_bytes", "check_factor", "check_id", "check_ids", "cosine",
            "dot", "logits", "lookup", "neighbors", "norm", "one_hot", "onehot_lookup", "onehot_lookup_counted",
            "scale_sqrt_d", "stretch_row", "stretch_to_lead", "lead_factor", "GOLDEN", "check_int", "make_table", "mix64",
            "param_count", "shape", "OneLineParser", "UsageError", "check_fits", "main", "parse_ids", "physical_memory",
-           "raise_on_sigterm", "run_cli", "Terminated"]
+           "raise_on_sigterm", "run_cli", "Terminated", "ENDING"]
 
 if __name__ == "__main__":
     run_cli(main, prog="embed.py")

@@ -122,14 +122,14 @@ class Terminated(BaseException):
 
 
 def _terminate(signum, frame):
-    for sig in _ENDING:  # one is enough: cleaning up is not interrupted by another
+    for sig in ENDING:  # one is enough: cleaning up is not interrupted by another
         signal.signal(sig, signal.SIG_IGN)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise Terminated(signum)
 
 
-_ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the signals that end a command: each raises, once (runtime.inspect too)
 _DEFAULT = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL}
 
 
@@ -138,7 +138,7 @@ def raise_on_sigterm():
     main thread, each ignoring any further one of them while the first unwinds (a second Ctrl-C cannot cut a
     cleanup short); a signal someone else handles, or ignores (a background job's SIGINT), is left alone."""
     if threading.current_thread() is threading.main_thread():
-        for sig in _ENDING:
+        for sig in ENDING:
             if signal.getsignal(sig) is _DEFAULT[sig]:
                 signal.signal(sig, _terminate)
 

@@ -17,7 +17,6 @@ from runtime.bench.probes import UNSET, child
 from runtime.bench.timing import bound_run, progress, race, race_rounds, same_round_ratio, session
 from runtime.runner import Runner
 
-
 SETTLE = 0.2  # seconds between contenders when numpy races here: its OpenBLAS threads spin ~0.1 s after a call
 
 
@@ -58,7 +57,7 @@ def bench_head(sizes, counts, budget, folder):
         runner = flipped = None  # the sessions go before the next size (rebound, not del: the lambdas read them)
         table = None  # the 2 GiB copy goes before the next size
         second = child("numpy_matmul", vocab, width, counts, budget, rounds)
-        memory = child("head_memory", path, vocab, width, max(counts))
+        memory = child("head_memory", path, width, max(counts))
         for n in counts:
             numpy_s = min(first["seconds"][str(n)], second["seconds"][str(n)], measured[n].get("numpy", np.inf))
             run, run_out = measured[n]["run"], measured[n]["run_out"]

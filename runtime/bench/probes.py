@@ -38,7 +38,7 @@ def numpy_matmul(vocab, width, counts, budget, rounds):
     return {"seconds": best, "kernel": kernel}
 
 
-def head_memory(path, vocab, width, n):
+def head_memory(path, width, n):
     """Resident growth after three N-token runs of the tied head, the last run's logits still held."""
     feeds = {"ids": np.zeros((1, n), np.int64), "hidden": np.ones((1, n, width), np.float32)}
     before = rss()

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.bounds import U, U64, as64, dot_bounds, gamma
+from runtime.bounds import U64, U, as64, dot_bounds, gamma
 
 WIDTH = 120  # the report's lines, at most
 INDENT = "       "  # --verbose: the details under their check's line
@@ -75,7 +75,7 @@ def _with_row(reference, values, factor, row_value):
 
 def dot_bound(reference, vector, factor=None):
     """gamma_w * sum|a_i b_i| of each row of reference.at(factor) against `vector`."""
-    return _with_row(reference, dot_bounds(reference.abs64(), [vector], absolute=True)[0], factor,
+    return _with_row(reference, dot_bounds(reference.magnitudes.abs64, [vector], absolute=True)[0], factor,
                      lambda row: dot_bounds([row], [vector])[0, 0])
 
 
@@ -86,7 +86,7 @@ def cosine_bound(reference, vector, cosines, factor=None):
     width = reference.config.width
     dots = dot_bound(reference, vector, factor)
     shrink = 1 - 2 * (width + 2) * U64
-    norms = _with_row(reference, reference.norms64(), factor, lambda row: np.sqrt(row @ row)) * shrink
+    norms = _with_row(reference, reference.magnitudes.norms64, factor, lambda row: np.sqrt(row @ row)) * shrink
     query = np.sqrt(np.dot(as64(vector), as64(vector))) * shrink
     return {t: dots[t] / (norms[t] * query) + gamma(width + 4) * abs(c) for t, c in cosines.items()}
 

@@ -1,4 +1,5 @@
 """The command: parse, run every check in order, print one line each, write JSON."""
+import contextlib
 import json
 import os
 import subprocess
@@ -17,12 +18,7 @@ from runtime.compare.bounds import WIDTH
 from runtime.compare.config import parse
 from runtime.compare.formats import check_formats
 from runtime.compare.heads import check_self_score, check_tied, check_untied
-from runtime.compare.lookups import (
-    check_gather,
-    check_onehot,
-    check_scaled,
-    check_table,
-)
+from runtime.compare.lookups import check_gather, check_onehot, check_scaled, check_table
 from runtime.compare.neighbors import check_neighbors
 from runtime.compare.pool import Pool
 from runtime.compare.reference import Reference
@@ -139,7 +135,7 @@ def main(argv=None, description="", impl=embed):
     with tempfile.TemporaryDirectory(prefix="onnx-lab-compare-") as folder:
         pool = Pool()
         try:
-            with Reference(config, pool, impl, progress) as reference:
+            with contextlib.closing(Reference(config, pool, impl, progress)) as reference:
                 sessions = Sessions(config, folder, pool, progress)
                 progress.done()
                 print(header(config), file=report)

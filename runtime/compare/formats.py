@@ -145,7 +145,7 @@ def _memory(sessions, name, vocab, want):
                  info=True, claim=f"a session holds {total} bytes of table: {total / want:.2f}x the {want} bytes stored")
 
 
-def _neighbors_at(config, reference, sessions, fmt, block_size, factor=None):
+def _neighbors_at(reference, sessions, fmt, block_size, factor=None):
     """The session of the cosine neighbors graph on the table stored in `fmt` (with the stretched row times
     `factor`, if given, re-quantized alone), built once."""
     name = f"neighbors_cosine@{fmt}-{block_size}" + (f"x{factor:g}" if factor else "")
@@ -167,8 +167,8 @@ def _stretch(config, reference, sessions, fmt, block_size, codes, scales, tag):
         moved = new_codes[0] != [c * factor for c in codes]
     else:
         moved = new_codes[0] != codes or new_scales[0] != [s * factor for s in scales]
-    before = _neighbors_at(config, reference, sessions, fmt, block_size)
-    after = _neighbors_at(config, reference, sessions, fmt, block_size, factor)
+    before = _neighbors_at(reference, sessions, fmt, block_size)
+    after = _neighbors_at(reference, sessions, fmt, block_size, factor)
     feeds = {"ids": [config.query], "k": [config.k]}
     a, b = before.run(feeds)["indices"][0].tolist(), after.run(feeds)["indices"][0].tolist()
     what = "codes unchanged, scales x" if scales is not None else "codes x"

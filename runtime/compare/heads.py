@@ -20,7 +20,7 @@ def _head_check(config, reference, sessions, tied):
     logits = sessions.runner(name).run({"ids": [list(config.ids[:1])],
                                         "hidden": [reference.hidden]})["logits"][0]  # (4, vocab)
     if tied:
-        exact, bound = reference.hidden_logits(), dot_bounds(reference.abs64(), reference.hidden, absolute=True)
+        exact, bound = reference.hidden_logits(), dot_bounds(reference.magnitudes.abs64, reference.hidden, absolute=True)
     else:
         exact, bound = reference.head_logits()
     ok_values, diff, worst = within(logits, exact, bound)

@@ -5,6 +5,7 @@ the whole table that checks will ask for are started in the second process at on
 reference implementation is passed in (`impl`, default embed) and the second process loads the same one, so a
 test that breaks one of its functions sees the check that uses it fail, whichever process computed it.
 """
+import functools
 import importlib
 import importlib.util
 import sys
@@ -94,8 +95,8 @@ def head_reference(spec, vocab, width, seed, hidden):
 
 
 class Reference:
-    """embed's answers for `config`'s table, memoised on their arguments. Use as a context manager: close() frees
-    the shared memory the second process reads the table from."""
+    """embed's answers for `config`'s table, memoised on their arguments. close() frees the shared memory the second
+    process reads the table from (contextlib.closing)."""
 
     def __init__(self, config, pool=None, impl=embed, progress=quiet):
         self.config, self.embed, self.progress = config, impl, progress
@@ -111,19 +112,14 @@ class Reference:
         self.table = impl.make_table(vocab, width, seed)  # the truth, in Python floats
         self.table64 = as64(self.table)  # the same values, for bounds
         self.table32 = self.table64.astype(np.float32)  # exact: every value is a float32
+        self.magnitudes = Magnitudes(self.table64)
         self.stretch = config.stretch
         if self.stretch is None:  # the best dot neighbour that does not already lead
             ranked = self.neighbors("dot")
             self.stretch = ranked[1] if len(ranked) > 1 else ranked[0]
         self.user_factor = config.factor is not None
         self.factor = config.factor if self.user_factor else (self.lead(beat_query=False) or 2.0)
-        self._start_passes()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        _start_passes(self)
 
     def close(self):
         """Free the shared table (the pool is its owner's to close); safe to call twice."""
@@ -131,28 +127,6 @@ class Reference:
             self._shared.close()
             self._shared.unlink()
             self._shared = None
-
-    def _start_passes(self):
-        """The passes later checks ask for, in the order they ask, to the second process."""
-        if not self.pool.enabled:
-            return
-        self._shared = shared_memory.SharedMemory(create=True, size=self.table64.nbytes)
-        np.ndarray(self.table64.shape, np.float64, self._shared.buf)[:] = self.table64
-        distinct = tuple(dict.fromkeys(self.config.ids))
-        work = [(("onehot", distinct), None, "onehot", distinct), (("neighbors", None, "cosine"), None, "neighbors", "cosine")]
-        work += [(("neighbors", self.factor, metric), self.factor, "neighbors", metric) for metric in ("dot", "cosine")]
-        work += [(("logits", None, token), None, "logits", token) for token in distinct]
-        top = self.factor if self.user_factor else self.lead(beat_query=True)
-        if top is not None:
-            work.append((("logits", top, self.config.query), top, "logits", self.config.query))
-        for key, factor, what, argument in work:
-            if key in self._memo:
-                continue
-            args = (self._spec, self._shared.name, self.table64.shape, self.stretch, factor, self.config.query, what,
-                    argument)
-            self.pool.submit(key, _pass_in_worker, args,
-                             lambda f=factor, w=what, a=argument: table_pass(self.embed, self.at(f), self.config.query,
-                                                                           w, a))
 
     def _memoised(self, key, compute):
         if key not in self._memo:
@@ -215,10 +189,41 @@ class Reference:
         scores = self.logits(self.config.query)
         return self.embed.lead_factor(scores, self.config.query, self.stretch, beat_query)
 
-    def abs64(self):
-        """|table| in float64, for the bounds."""
-        return self._memoised(("abs64",), lambda: np.abs(self.table64))
 
+def _start_passes(self):
+    """The passes later checks of Reference `self` ask for, in the order they ask, to the second process."""
+    if not self.pool.enabled:
+        return
+    self._shared = shared_memory.SharedMemory(create=True, size=self.table64.nbytes)
+    np.ndarray(self.table64.shape, np.float64, self._shared.buf)[:] = self.table64
+    distinct = tuple(dict.fromkeys(self.config.ids))
+    work = [(("onehot", distinct), None, "onehot", distinct), (("neighbors", None, "cosine"), None, "neighbors", "cosine")]
+    work += [(("neighbors", self.factor, metric), self.factor, "neighbors", metric) for metric in ("dot", "cosine")]
+    work += [(("logits", None, token), None, "logits", token) for token in distinct]
+    top = self.factor if self.user_factor else self.lead(beat_query=True)
+    if top is not None:
+        work.append((("logits", top, self.config.query), top, "logits", self.config.query))
+    for key, factor, what, argument in work:
+        if key in self._memo:
+            continue
+        args = (self._spec, self._shared.name, self.table64.shape, self.stretch, factor, self.config.query, what,
+                argument)
+        self.pool.submit(key, _pass_in_worker, args,
+                         lambda f=factor, w=what, a=argument: table_pass(self.embed, self.at(f), self.config.query,
+                                                                       w, a))
+
+
+class Magnitudes:
+    """The table's magnitudes the bounds are made of, in float64, each computed once (tolerances, not reference
+    values): `abs64` |table|, `norms64` the norm of every row."""
+
+    def __init__(self, table64):
+        self.table64 = table64
+
+    @functools.cached_property
+    def abs64(self):
+        return np.abs(self.table64)
+
+    @functools.cached_property
     def norms64(self):
-        """|row| of every row in float64 (a tolerance's, not a reference value)."""
-        return self._memoised(("norms64",), lambda: np.sqrt(np.einsum("ij,ij->i", self.table64, self.table64)))
+        return np.sqrt(np.einsum("ij,ij->i", self.table64, self.table64))

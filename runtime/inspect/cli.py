@@ -11,6 +11,7 @@ from embed import OneLineParser, Terminated, UsageError, raise_on_sigterm, run_c
 from runtime.inspect.examine import inspect_model
 from runtime.inspect.examine_folder import inspect_folder
 from runtime.inspect.findings.across import folder_held_twice, held_twice
+from runtime.inspect.read import sidecars
 from runtime.inspect.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report
 from runtime.inspect.retie.folder import retie_folder
@@ -84,9 +85,9 @@ def _memory_limit(text):
 
 
 def _past(text):
-    """--proof-past: a whole number of tokens, 0 to 65535."""
-    if not text.isdigit() or int(text) >= 1 << 16:
-        raise argparse.ArgumentTypeError(f"want a whole number of tokens from 0 to 65535, got {text!r}")
+    """--proof-past: a whole number of tokens, below sidecars.MOST."""
+    if not text.isdigit() or int(text) >= sidecars.MOST:
+        raise argparse.ArgumentTypeError(f"want a whole number of tokens from 0 to {sidecars.MOST - 1}, got {text!r}")
     return int(text)
 
 
@@ -142,10 +143,8 @@ def _writer(stream, progress=None):
     return write
 
 
-def main(argv=None, supervised=True):
-    """The command; its exit status. `supervised`: run the work in guard's forked worker, as the command does (False
-    runs it in this process, for a caller that captures sys.stdout in-process; no SIGBUS or whole-command deadline
-    protection then)."""
+def _parser():
+    """The command line's parser: every option, with its help."""
     parser = OneLineParser(prog="python -m runtime.inspect", description=DESCRIPTION, epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", metavar="MODEL.onnx|FOLDER",
@@ -162,15 +161,20 @@ def main(argv=None, supervised=True):
                         help="answer from the files alone, without onnxruntime: tables, heads, pairs and the bytes on "
                              "disk; no runtime copies, nothing counted in memory")
     parser.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table, with the sidecar files its runtime reads")
-    parser.add_argument("--timeout", type=_positive, default=600.0, metavar="S",
+    parser.add_argument("--timeout", type=_positive, default=isolated.TIMEOUT, metavar="S",
                         help="wall-clock seconds the whole command may take, onnxruntime's steps included; past them "
-                             "it stops with one line and writes nothing (default 600)")
+                             f"it stops with one line and writes nothing (default {isolated.TIMEOUT:g})")
     parser.add_argument("--memory-limit", type=_memory_limit, metavar="GiB",
                         help="address space each onnxruntime step may take (default 4 GiB + 6x the model's bytes)")
     parser.add_argument("--proof-past", type=_past, metavar="N",
                         help="past tokens (KV cache length) in the decoder feeds the model is run and proven on "
                              f"(default {feeds.PAST}, or the longest sliding window the model or the "
                              "genai_config.json / config.json beside it declares)")
+    return parser
+
+
+def _streams():
+    """Standard error reopened on /dev/null if closed, and names either stream cannot show escaped."""
     if sys.stderr is None:  # closed (`2>&-`): errors go nowhere, the exit status still says
         sys.stderr = open(os.devnull, "w")
     for stream in (sys.stdout, sys.stderr):  # a name an ASCII terminal cannot show is escaped, not an error
@@ -178,20 +182,33 @@ def main(argv=None, supervised=True):
             stream.reconfigure(errors="backslashreplace")
         except (AttributeError, LookupError, ValueError):  # not a text stream, or an encoding without it (idna)
             pass
+
+
+def _check_args(args, prog):
+    """UsageError (or InspectError) for options that cannot go together, or an OUT that cannot be written."""
+    graphs.storage.check_utf8(args.model, "MODEL's path")
+    if args.files and not os.path.isdir(args.model):
+        raise UsageError(f"{prog}: error: --files chooses files of a FOLDER; {args.model} is not one")
+    if args.static and args.retie is not None:
+        raise UsageError(f"{prog}: error: --retie proves its rewrite in onnxruntime; give it without --static")
+    if args.check and args.retie is not None:
+        raise UsageError(f"{prog}: error: --check judges the model as it is; give it without --retie")
+    if args.retie is not None:
+        (_check_out_folder if os.path.isdir(args.model) else _check_out)(args.retie, args.model)
+
+
+def main(argv=None, supervised=True):
+    """The command; its exit status. `supervised`: run the work in guard's forked worker, as the command does (False
+    runs it in this process, for a caller that captures sys.stdout in-process; no SIGBUS or whole-command deadline
+    protection then)."""
+    parser = _parser()
+    _streams()
     raise_on_sigterm()  # SIGTERM unwinds like SIGINT: the scratch folder and a staged OUT go, the child is killed
     try:
         args = parser.parse_args(argv)
         if sys.stdout is None:
             raise InspectError("standard output is closed: the report has nowhere to go")
-        graphs.storage.check_utf8(args.model, "MODEL's path")
-        if args.files and not os.path.isdir(args.model):
-            raise UsageError(f"{parser.prog}: error: --files chooses files of a FOLDER; {args.model} is not one")
-        if args.static and args.retie is not None:
-            raise UsageError(f"{parser.prog}: error: --retie proves its rewrite in onnxruntime; give it without --static")
-        if args.check and args.retie is not None:
-            raise UsageError(f"{parser.prog}: error: --check judges the model as it is; give it without --retie")
-        if args.retie is not None:
-            (_check_out_folder if os.path.isdir(args.model) else _check_out)(args.retie, args.model)
+        _check_args(args, parser.prog)
     except UsageError as e:
         print(e, file=sys.stderr)
         return 2

@@ -3,12 +3,7 @@ session holds), as one dict: the --json output plus what --retie needs."""
 import os
 
 from runtime.inspect.findings import counting
-from runtime.inspect.findings.relations import (
-    copy_key,
-    relate,
-    runtime_copies,
-    vocabulary,
-)
+from runtime.inspect.findings.relations import copy_key, relate, runtime_copies, vocabulary
 from runtime.inspect.graph.walk import find_tables_and_heads, lookup_ids
 from runtime.inspect.read.model import load
 from runtime.inspect.read.text import InspectError
@@ -79,7 +74,7 @@ class Examination:
             return memory.measure({"checked": model.checked}, self.rows, self.shape, self.folder, limits,
                                   model.file_bytes, side_by_side) if self.measure else {}
 
-        if not isolated.side_by_side(limits, model.file_bytes, self.runs):
+        if not isolated.side_by_side(model.file_bytes, self.runs):
             return optimized_version(self.optimizing, model.path), measured()
         try:
             figures = measured(side_by_side=True)

@@ -3,12 +3,7 @@ import os
 
 from runtime.inspect import examine
 from runtime.inspect.findings import counting
-from runtime.inspect.findings.across import (
-    config_tie,
-    held_together,
-    relate_files,
-    tie_finding,
-)
+from runtime.inspect.findings.across import config_tie, held_together, relate_files, tie_finding
 from runtime.inspect.read.layout import client_files
 from runtime.inspect.sandbox import isolated, memory
 
@@ -22,7 +17,7 @@ def _each_file(folder, files, scratch, limits, proof_past, static):
     paths = [os.path.join(folder, name) for name in files]
     if static:
         infos = [examine.inspect_model(p, w, limits, proof_past, static=True) for p, w in zip(paths, where)]
-    elif isolated.side_by_side(limits, sum(os.path.getsize(p) for p in paths), len(paths)):
+    elif isolated.side_by_side(sum(os.path.getsize(p) for p in paths), len(paths)):
         started = []
         try:
             for path, scratch_of in zip(paths, where):

@@ -54,6 +54,12 @@ def report(info, path, out):
         w(f"{len(distinct)} table/head pairs of matching shape are distinct (each listed under --json)\n")
     if not info["pairs"]:
         w("no table/head pair of matching shape\n")
+    _runtime_copies(info, w)
+
+
+def _runtime_copies(info, w):
+    """The lines on what onnxruntime adds: each runtime copy of a table (folded or prepacked), the small ones
+    counted."""
     if info["runtime_copies"] is None:
         w("runtime copies: not looked for (--static)\n")
         return
@@ -109,10 +115,6 @@ def _tie(v):
     return f"tied to head {v['head']}"
 
 
-def _copies(n):
-    return f"{n} cop{'y' if n == 1 else 'ies'}"
-
-
 def _held(entry, error, measured="MiB resident after a run"):
     """One line: what a session holds under the defaults, and what turning prepacking off changes."""
     def figures(held):
@@ -125,8 +127,8 @@ def _held(entry, error, measured="MiB resident after a run"):
     defaults, off = entry["defaults"], entry["no_prepacking"]
     if defaults["copies"] is None:
         return "not counted (--static: onnxruntime not run)"
-    line = (f"{_copies(defaults['copies'])} under onnxruntime's default SessionOptions ({figures(defaults)}); "
-            f"{_copies(off['copies'])} with {counting.NO_PREPACKING} ({figures(off)})")
+    line = (f"{counting.copies(defaults['copies'])} under onnxruntime's default SessionOptions ({figures(defaults)}); "
+            f"{counting.copies(off['copies'])} with {counting.NO_PREPACKING} ({figures(off)})")
     return line + (f"; not run: {error}" if error else "")
 
 

@@ -6,13 +6,7 @@ import json
 import os
 
 from runtime.inspect.findings import counting
-from runtime.inspect.findings.relations import (
-    Digests,
-    copy_key,
-    quantized_relation,
-    same_values,
-    stored_as_table,
-)
+from runtime.inspect.findings.relations import Digests, copy_key, quantized_relation, same_values, stored_as_table
 from runtime.inspect.read import sidecars
 from runtime.inspect.read.model import label
 from runtime.resident import copies_held

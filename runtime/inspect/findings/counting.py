@@ -9,6 +9,11 @@ NO_PREPACKING = "session.disable_prepacking=1"  # the setting that changes it, a
 RESOLUTION = 16 * 2**20  # below this a table's ratio is not given: a session's own pages (~3 MiB) would swamp it
 
 
+def copies(n):
+    """'1 copy', 'N copies': how every line says a count of copies."""
+    return f"{n} cop{'y' if n == 1 else 'ies'}"
+
+
 def not_counted():
     """The `in_memory` entry of a table when onnxruntime was not run (--static): every figure null."""
     return {setting: held(None, None, 1, 0) for setting in SETTINGS}

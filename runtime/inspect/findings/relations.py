@@ -6,9 +6,10 @@ from onnx import TensorProto
 
 from runtime.inspect.findings import shares
 from runtime.inspect.graph import quantized
+from runtime.inspect.read.model import FLOATS, label
 from runtime.resident import scoped
 
-_CHUNK = 16 * 2**20  # bytes compared at a time, so a memory-mapped table is never read whole at once
+_BYTES_AT_ONCE = 16 * 2**20  # bytes compared at a time, so a memory-mapped table is never read whole at once
 
 
 def same_values(a, b, transposed=False):
@@ -20,7 +21,7 @@ def same_values(a, b, transposed=False):
     x, y = a.values(), b.values()
     if x is None:  # packed sub-byte codes: a transposed copy cannot be told without unpacking; say no
         return False
-    rows = max(1, _CHUNK // max(1, x.itemsize * x.shape[1]))
+    rows = max(1, _BYTES_AT_ONCE // max(1, x.itemsize * x.shape[1]))
     return all(np.array_equal(x[i:i + rows].view(np.uint8), np.ascontiguousarray(y[:, i:i + rows].T).view(np.uint8))
                for i in range(0, x.shape[0], rows))
 
@@ -58,7 +59,7 @@ def relate(model, tables, heads):
             else:
                 relation, wasted = "distinct", 0
             pairs.append({"table": table["initializer"], "head": head["initializer"], "relation": relation,
-                          "wasted_bytes": wasted, "node": head["node"].name or head["node"].output[0],
+                          "wasted_bytes": wasted, "node": label(head["node"]),
                           "via_transpose": head["flips"] > 0 or table["flips"] > 0, "table_entry": table,
                           "head_entry": head, "max_error_in_scales": gap,
                           "both_quantized": bool(table.get("quant") and head.get("quant")),
@@ -89,11 +90,11 @@ class Digests:
             if not as_table:
                 return None
             raw = tensor.raw()
-            for i in range(0, len(raw), _CHUNK):
-                h.update(np.asarray(raw[i:i + _CHUNK]).tobytes())
+            for i in range(0, len(raw), _BYTES_AT_ONCE):
+                h.update(np.asarray(raw[i:i + _BYTES_AT_ONCE]).tobytes())
             return h.digest()
         rows = values if as_table else values.T
-        step = max(1, _CHUNK // max(1, values.itemsize * rows.shape[1]))
+        step = max(1, _BYTES_AT_ONCE // max(1, values.itemsize * rows.shape[1]))
         for i in range(0, rows.shape[0], step):
             h.update(np.ascontiguousarray(rows[i:i + step]).tobytes())
         return h.digest()
@@ -105,7 +106,7 @@ ROUNDING = 1 + 2**-10  # half a scale rounding to nearest, up to one where a cod
 def _float_rows(model, entry):
     """A float table or head's values [vocab, width] (a memory-mapped view), or None for another type."""
     tensor = model.tensors[entry["initializer"]]
-    if tensor.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE) or len(tensor.dims) != 2:
+    if tensor.data_type not in FLOATS or len(tensor.dims) != 2:
         return None
     values = tensor.values()
     return values if stored_as_table(entry) else values.T
@@ -188,7 +189,7 @@ def _widened(a, b, transposed):
         return False
     x, y = a.values(), b.values()
     y = y.T if transposed else y
-    rows = max(1, _CHUNK // max(1, 4 * x.shape[1]))
+    rows = max(1, _BYTES_AT_ONCE // max(1, 4 * x.shape[1]))
     return all(np.array_equal(x[i:i + rows].astype(np.float32).view(np.uint32), np.ascontiguousarray(y[i:i + rows]).view(np.uint32))
                for i in range(0, x.shape[0], rows))
 
@@ -198,7 +199,7 @@ def _same_bytes(a, b):
     x, y = a.raw(), b.raw()
     if len(x) != len(y):
         return False
-    return all(np.array_equal(x[i:i + _CHUNK], y[i:i + _CHUNK]) for i in range(0, len(x), _CHUNK))
+    return all(np.array_equal(x[i:i + _BYTES_AT_ONCE], y[i:i + _BYTES_AT_ONCE]) for i in range(0, len(x), _BYTES_AT_ONCE))
 
 
 SMALL_COPY = 4096  # runtime copies under this many bytes (folded shape constants) are summarised in one line

@@ -6,8 +6,9 @@ import math
 from onnx import TensorProto
 
 from runtime.inspect.graph.constants import constant
+from runtime.inspect.graph.walk import lookup_ids
+from runtime.inspect.read.model import FLOATS
 
-_FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)
 
 _CODES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4)
 
@@ -44,7 +45,7 @@ def parameters(model, tables, heads, pairs):
             continue
         if tensor.name in logical:
             count += logical[tensor.name]
-        elif tensor.data_type in _FLOATS or (tensor.data_type in _CODES and tensor.name in decoded):
+        elif tensor.data_type in FLOATS or (tensor.data_type in _CODES and tensor.name in decoded):
             count += tensor.elements
     return count, ("float weights and quantized codes (a duplicated head once; scales, zero points, rotary caches "
                    "and integer constants not counted)")
@@ -81,7 +82,7 @@ def kind(model, table, producer, most=256):
     """"position" when what feeds the lookup comes from a graph input named for positions or is computed by a Range
     or CumSum (positions counted from the mask); else "token"."""
     inputs = {v.name for v in model.proto.graph.input}
-    seen, todo = set(), [table.get("ids") or table["node"].input[1]] if len(table["node"].input) > 1 else []
+    seen, todo = set(), [lookup_ids(table)] if table.get("ids") or len(table["node"].input) > 1 else []
     while todo and len(seen) < most:
         name = todo.pop()
         if name in seen:

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import AttributeProto, TensorProto
 
+from runtime.inspect.read.model import label
 from runtime.inspect.read.text import InspectError
 
-_CHUNK = 8 * 2**20  # float64 values decoded at a time
+_VALUES_AT_ONCE = 8 * 2**20  # float64 values decoded at a time
 
 _SIGNED = {TensorProto.INT4: True, TensorProto.UINT4: False, TensorProto.INT8: True, TensorProto.UINT8: False}
 
@@ -132,7 +133,7 @@ def _integers(tensor):
 
 
 def _chunks(vocab, width):
-    step = max(1, _CHUNK // max(1, 3 * width))
+    step = max(1, _VALUES_AT_ONCE // max(1, 3 * width))
     return [(t0, min(vocab, t0 + step)) for t0 in range(0, vocab, step)]
 
 
@@ -190,8 +191,7 @@ def attribute(node, name, default=None):
             continue
         if a.ref_attr_name or a.type != AttributeProto.INT:
             kind = f"a reference to {a.ref_attr_name!r}" if a.ref_attr_name else AttributeProto.AttributeType.Name(a.type)
-            label = node.name or (node.output[0] if node.output else "")
-            raise InspectError(f"{node.op_type} node {label!r}: attribute {name} is {kind}, not an INT: not a valid "
+            raise InspectError(f"{node.op_type} node {label(node)!r}: attribute {name} is {kind}, not an INT: not a valid "
                                "ONNX model")
         return a.i
     return default

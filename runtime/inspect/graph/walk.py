@@ -6,15 +6,8 @@ from onnx import TensorProto
 from graphs.precision import format_name
 from graphs.tie import viewed_dims
 from runtime.inspect.graph.constants import small_ints
-from runtime.inspect.graph.quantized import (
-    INTEGER_MATMULS,
-    Quant,
-    attribute,
-    dq_quant,
-    gathered_quant,
-    gbq_quant,
-    integer_quant,
-)
+from runtime.inspect.graph.quantized import (INTEGER_MATMULS, Quant, attribute, dq_quant, gathered_quant, gbq_quant,
+                                             integer_quant)
 from runtime.inspect.graph.scopes import scopes
 from runtime.inspect.read.model import label
 from runtime.inspect.read.text import InspectError

@@ -49,13 +49,16 @@ def genai_config(model_path):
     return config if isinstance(config, dict) else None
 
 
+MOST = 1 << 16  # a count read from a config or an option (window, context, head size, past) must stay below this
+
+
 def genai_head_size(model_path):
     """head_size from genai_config.json beside the model, if there is one that says."""
     try:
         size = genai_config(model_path)["model"]["decoder"]["head_size"]
     except (TypeError, KeyError):
         return None
-    return size if isinstance(size, int) and 0 < size < 2**16 else None
+    return size if isinstance(size, int) and 0 < size < MOST else None
 
 
 def copy_beside(model_path, out_path):

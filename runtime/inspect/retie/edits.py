@@ -25,7 +25,7 @@ def const(graph, name, values):
     return name
 
 
-def unique_name(graph, model, base):
+def unique_name(model, base):
     """`base`, or `base` with the first number that makes it a name no tensor or node of the model starts with, in
     any of its graphs (so it may prefix the names of the nodes and tensors it brings, wherever they go)."""
     taken = set(model.tensors)
@@ -38,7 +38,7 @@ def unique_name(graph, model, base):
 
 def view_of(graph, model, node, table, anchor, dims):
     """graphs.tie's run-time view of initializer `table`, anchored on `anchor`, inserted before `node`: its name."""
-    prefix = unique_name(graph, model, "retie_view") + "_"
+    prefix = unique_name(model, "retie_view") + "_"
     view, constants, _ = unfolded_view(table, anchor, dims, prefix + "table", prefix)
     for name, values in constants.items():  # in the main graph: a branch reads them from outside, like the table
         const(model.proto.graph, name, values)

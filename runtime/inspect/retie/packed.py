@@ -61,8 +61,8 @@ def gather_packed_in_place(graph, model, table):
         return False
     codes = table["initializer"]
     blocks = table["stored_dims"][1]
-    scales3 = unique_name(graph, model, table["scales"] + "_blocks")
-    prefix = unique_name(graph, model, "retie_scales") + "_"
+    scales3 = unique_name(model, table["scales"] + "_blocks")
+    prefix = unique_name(model, "retie_scales") + "_"
     view, constants, _ = unfolded_view(table["scales"], node.input[1], [table["vocab"], blocks, 1], scales3, prefix)
     for name, values in constants.items():
         const(graph, name, values)
@@ -70,15 +70,15 @@ def gather_packed_in_place(graph, model, table):
     for offset, n in enumerate(view):
         graph.node.insert(at + offset, n)
     output = node.output[0]
-    blocked = unique_name(graph, model, output + "_blocks")
+    blocked = unique_name(model, output + "_blocks")
     node.input[0], node.input[2], node.output[0] = codes, scales3, blocked
     kept = [a for a in node.attribute if a.name != "quantize_axis"]
     del node.attribute[:]
     node.attribute.extend(kept + [helper.make_attribute("quantize_axis", 2)])
-    shape = const(graph, unique_name(graph, model, output + "_shape"),  # the padded width: the model's Slice follows
+    shape = const(graph, unique_name(model, output + "_shape"),  # the padded width: the model's Slice follows
                    [0] * ids_rank + [table.get("padded_width", table["width"])])
     at = list(graph.node).index(node)
-    graph.node.insert(at + 1, helper.make_node("Reshape", [blocked, shape], [output], name=unique_name(graph, model, "rows_of_blocks"),
+    graph.node.insert(at + 1, helper.make_node("Reshape", [blocked, shape], [output], name=unique_name(model, "rows_of_blocks"),
                                                doc_string="looked-up rows [..., blocks, block] -> [..., width]"))
     return True
 

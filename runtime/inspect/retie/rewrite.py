@@ -36,7 +36,7 @@ def rewrite(model, pairs):
             done.add(id(head["node"]))
             name, flipped = table["initializer"], table["flips"] % 2 == 1
             if flipped:  # stored [width, vocab]: store it once as [vocab, width] and look rows up directly
-                rows = unique_name(graph, model, name + "_rows")
+                rows = unique_name(model, name + "_rows")
                 sources[rows] = shell(graph, rows, model.tensors[name].values().T)
                 table["node"].input[0] = rows
                 name = rows
@@ -57,7 +57,7 @@ def _gemm_head(graph, model, node, table, vocab, width):
     graphs.tie's run-time view so that onnxruntime's defaults do not prepack a second copy of it; (output,
     hidden input)."""
     hidden, output = node.input[0], node.output[0]
-    prefix = unique_name(graph, model, "retie_head") + "_"
+    prefix = unique_name(model, "retie_head") + "_"
     table = view_of(graph, model, node, table, hidden, [vocab, width])
     if node.op_type in ("Gemm", "FusedMatMul"):
         kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
@@ -95,7 +95,7 @@ def borrow(model, sources, head, owner, table):
     Gemm(transB=1) on its run-time view, as rewrite() makes a head in one file; the head's own copy is dropped.
     The rewritten entry, as rewrite() lists them."""
     graph = model.proto.graph
-    name = unique_name(graph, model, table["initializer"])
+    name = unique_name(model, table["initializer"])
     sources[name] = shell(graph, name, owner.tensors[table["initializer"]].values())
     entry = _gemm_head(head["body"], model, head["node"], name, table["vocab"], table["width"])
     drop_dead(graph)

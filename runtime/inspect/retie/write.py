@@ -4,6 +4,7 @@ import os
 from onnx import TensorProto
 
 import graphs
+from runtime.inspect.findings import counting
 from runtime.inspect.findings.relations import copy_key, runtime_copies
 from runtime.inspect.read import sidecars
 from runtime.inspect.read.model import load
@@ -106,8 +107,8 @@ def gained_line(table, copies, was, figures):
 
     before = None if was is None else was["in_memory"]["defaults"]
     counted = "?" if was is None else was["tables_in_memory"]
-    line = (f"retie: under onnxruntime's default SessionOptions a session holds {copies} cop"
-            f"{'y' if copies == 1 else 'ies'} of {table} (was {counted})")
+    line = (f"retie: under onnxruntime's default SessionOptions a session holds {counting.copies(copies)} of "
+            f"{table} (was {counted})")
     if figures is not None:
         line += (f": {mib(figures, 'resident_bytes')} resident after a run (was {mib(before, 'resident_bytes')}), "
                  f"at most {mib(figures, 'peak_bytes')} on the way (was {mib(before, 'peak_bytes')})")

@@ -16,12 +16,11 @@ LENGTHS = (SEQUENCE, 1)  # new tokens per proof run: a prompt's worth, then one 
 
 _WINDOW_ATTRIBUTES = ("local_window_size", "sliding_window", "window_size")  # GroupQueryAttention, others
 
-_MOST = 1 << 16  # a window or context beyond this is not one a proof can feed
 
 
 def _count(value):
-    """A positive int below _MOST, or None (what a config or attribute says is untrusted)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _MOST else None
+    """A positive int below sidecars.MOST, or None (what a config or attribute says is untrusted)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < sidecars.MOST else None
 
 
 def _hints(model_path):

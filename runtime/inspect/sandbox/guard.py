@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 
+from embed import ENDING
 from runtime.inspect.read.text import printable
 
 GRACE = 10.0  # seconds the worker has, past its deadline, to unwind (it stops itself at the deadline)
@@ -60,7 +61,7 @@ def _flush():
                 pass
 
 
-_ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the worker unwinds on these and says so
+_ENDING = ENDING  # the worker unwinds on these and says so (embed's, as every command answers them)
 
 _FATAL = (signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)  # would end this process unannounced
 

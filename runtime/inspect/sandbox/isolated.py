@@ -20,6 +20,7 @@ from runtime.inspect.sandbox import guard
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo
 
+TIMEOUT = 600.0  # seconds the whole command may take, by default (--timeout)
 OUT_OF_MEMORY = 3  # the child's exit status when an allocation failed (runtime.inspect.sandbox.child)
 
 GiB = 2**30
@@ -35,7 +36,7 @@ class Limits:
     (runtime.progress.Progress on a terminal; by default nothing); `committing()` is called once OUT is in place
     (guard.committing: from there the deadline no longer interrupts)."""
 
-    def __init__(self, timeout=600.0, memory=None, progress=None, committing=None):
+    def __init__(self, timeout=TIMEOUT, memory=None, progress=None, committing=None):
         self.timeout, self.memory = timeout, memory
         self.deadline = time.monotonic() + timeout
         self.progress = progress or (lambda stage: None)
@@ -66,7 +67,7 @@ def start(job, what, limits, model_bytes):
     return Child(job, what, limits, model_bytes)
 
 
-def side_by_side(limits, model_bytes, children=2):
+def side_by_side(model_bytes, children=2):
     """Whether `children` children may run at once on a model of `model_bytes`: a second core to run them, and
     memory available for all (each holds up to about three copies of the model while it runs)."""
     try:
