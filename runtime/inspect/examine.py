@@ -24,7 +24,7 @@ def inspect_model(path, folder, limits=None, proof_past=None, static=False, meas
 
 
 def start(path, folder, limits=None, proof_past=None, measure=True):
-    """inspect_model begun (an Examination): the files read and related, the optimizing child started."""
+    """inspect_model begun (an Examination): the file read, the optimizing child started, the tables related."""
     return Examination(path, folder, limits, proof_past, measure)
 
 
@@ -39,15 +39,20 @@ class Examination:
         path = os.path.realpath(path)  # what the child opens is what was checked: `link/..` as the OS resolves it
         self.model = model = load(path)
         self.shape = feeds.plan(model.proto, path, proof_past)
-        self.tables, self.heads = find_tables_and_heads(model)
-        limits.progress(f"relating {len(self.tables)} table(s) and {len(self.heads)} head(s): a digest of each")
-        self.pairs = relate(model, self.tables, self.heads)
-        self.rows = {lookup_ids(t): t["vocab"] for t in self.tables}  # each lookup's ids, and the rows they may name
-        self.folder, self.measure = folder, measure and bool(self.tables)
+        self.folder = folder
         self.job = {"kind": "optimize", "checked": model.checked, "out": os.path.join(folder, "optimized.onnx"),
                     "folder": folder}
-        self.runs = 1 + (len(counting.SETTINGS) if self.measure else 0)
         self.optimizing = isolated.start(self.job, "building its optimized model", limits, model.file_bytes)
+        try:  # the child builds while this process finds and relates
+            self.tables, self.heads = find_tables_and_heads(model)
+            limits.progress(f"relating {len(self.tables)} table(s) and {len(self.heads)} head(s): a digest of each")
+            self.pairs = relate(model, self.tables, self.heads)
+        except BaseException:
+            self.optimizing.stop()
+            raise
+        self.rows = {lookup_ids(t): t["vocab"] for t in self.tables}  # each lookup's ids, and the rows they may name
+        self.measure = measure and bool(self.tables)
+        self.runs = 1 + (len(counting.SETTINGS) if self.measure else 0)
 
     def stop(self):
         """End the optimizing child now if it still runs."""

@@ -8,16 +8,17 @@ from runtime.inspect.read.layout import client_files
 from runtime.inspect.sandbox import isolated, memory
 
 
-def _each_file(folder, files, scratch, limits, proof_past, static):
-    """[{file, model, info}]: each file examined (examine), its session not measured alone; the files' optimized
-    models built side by side where the machine has the cores and the memory for them all."""
+def _examined(folder, files, scratch, limits, proof_past):
+    """([{file, model, info}], what one process holding every session measured): each file examined (examine), its
+    session not measured alone; the files' optimized models built side by side where the machine has the cores and
+    the memory, then the sessions measured together, alone: a child mapping the same files (or onnxruntime's
+    library) meanwhile would change the Pss measured."""
     where = [os.path.join(scratch, f"file{i}") for i in range(len(files))]
     for path in where:
         os.mkdir(path)
     paths = [os.path.join(folder, name) for name in files]
-    if static:
-        infos = [examine.inspect_model(p, w, limits, proof_past, static=True) for p, w in zip(paths, where)]
-    elif isolated.side_by_side(sum(os.path.getsize(p) for p in paths), len(paths)):
+    total = sum(os.path.getsize(p) for p in paths)
+    if isolated.side_by_side(total, len(paths)):
         started = []
         try:
             for path, scratch_of in zip(paths, where):
@@ -28,6 +29,13 @@ def _each_file(folder, files, scratch, limits, proof_past, static):
                 s.stop()
     else:
         infos = [examine.inspect_model(p, w, limits, proof_past, measure=False) for p, w in zip(paths, where)]
+    together = os.path.join(scratch, "together")
+    os.mkdir(together)
+    parts = [{"checked": i["model"].checked, "rows": i["rows"], "shape": i["shape"]} for i in infos if i["rows"]]
+    return _items(files, infos), memory.measure_together(parts, together, limits, total) if parts else {}
+
+
+def _items(files, infos):
     return [{"file": name, "model": info["model"], "info": info} for name, info in zip(files, infos)]
 
 
@@ -36,16 +44,16 @@ def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static
     each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. Each file gets a folder of its own
     in `scratch`; `static`: onnxruntime is never started (nothing counted in memory)."""
     files, rule = client_files(folder, chosen)
-    items = _each_file(folder, files, scratch, limits, proof_past, static)
+    if static:
+        where = [os.path.join(scratch, f"file{i}") for i in range(len(files))]
+        for path in where:
+            os.mkdir(path)
+        items, measured = _items(files, [examine.inspect_model(os.path.join(folder, name), w, limits, proof_past,
+                                                               static=True) for name, w in zip(files, where)]), {}
+    else:
+        items, measured = _examined(folder, files, scratch, limits, proof_past)
     across = relate_files(items)
     config = config_tie(folder)
-    parts = [{"checked": it["model"].checked, "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
-             for it in items if it["info"]["rows"]]
-    together = os.path.join(scratch, "together")
-    os.mkdir(together)
-    total = sum(it["model"].file_bytes for it in items)
-    measured = memory.measure_together(parts, together, limits, total) if parts and across["vocabulary"] and \
-        not static else {}
     weights = sum(t.nbytes for it in items for t in it["model"].tensors.values())
     for group in across["vocabulary"]:
         stored = sum(s["bytes"] for s in group["stored"])
