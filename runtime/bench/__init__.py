@@ -5,15 +5,23 @@ Every figure is a ratio to a baseline measured in the same run (numpy take, nump
 process, the table's own bytes), so it means the same on a loaded machine. Times are the minimum over repeats
 (noise only ever adds time). Progress goes to stderr, the table to stdout. Modules: `timing` (how things are
 timed), `lookups` (a, b), `head` (c, e), `memory` (d), `formats` (d'), `probes` (the fresh processes), `report`,
-`markdown` (--markdown's tables, each with the run's date and machine), `cli`.
-"""
-from runtime.bench.cli import main
-from runtime.bench.head import bench_floor, bench_head
-from runtime.bench.lookups import WIDTH, bench_format_lookups, bench_lookups
-from runtime.bench.formats import bandwidth, bench_formats
-from runtime.bench.memory import bench_memory
-from runtime.bench.report import report, targets
-from runtime.bench.timing import bound_run, race, session
+`markdown` (--markdown's tables, each with the run's date and machine), `cli`; `folders` (a shipped folder before
+and after --retie, and inspect's own cost: python -m runtime.bench.folders).
 
-__all__ = ["main", "bench_floor", "bench_head", "WIDTH", "bench_format_lookups", "bench_lookups",
-           "bandwidth", "bench_formats", "bench_memory", "report", "targets", "bound_run", "race", "session"]
+Importing the package imports none of them (each name below is loaded on first use): a benchmark that only
+starts inspect's children, as folders does, keeps onnxruntime out of its own process, as inspect does.
+"""
+import importlib
+
+_HOMES = {"main": "cli", "bench_floor": "head", "bench_head": "head", "WIDTH": "lookups",
+          "bench_format_lookups": "lookups", "bench_lookups": "lookups", "bandwidth": "formats",
+          "bench_formats": "formats", "bench_memory": "memory", "report": "report", "targets": "report",
+          "bound_run": "timing", "race": "timing", "session": "timing"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"runtime.bench.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'runtime.bench' has no attribute {name!r}")

@@ -2,7 +2,6 @@
 import datetime
 import json
 import os
-import platform
 import shlex
 import sys
 import tempfile
@@ -14,7 +13,7 @@ import onnxruntime as ort
 import embed
 from embed import OneLineParser  # argparse with one-line errors, exit 2
 from graphs.storage import check_output, write_text
-from runtime.bench import markdown
+from runtime.bench import markdown, page
 from runtime.bench.formats import bench_formats
 from runtime.bench.head import bench_floor, bench_head
 from runtime.bench.lookups import bench_format_lookups, bench_lookups, bench_packed_rows
@@ -59,24 +58,10 @@ def _check_outputs(parser, args):
             parser.error("--plot needs matplotlib, which is optional: ./lab_env/python -m pip install matplotlib")
 
 
-def _cpu():
-    """The CPU's model name as the kernel reports it, and its widest vector extension (MLAS and OpenBLAS pick
-    their kernels by it)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-    except OSError:
-        return platform.processor() or platform.machine()
-    field = lambda key: next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(key)), "")
-    flags = field("flags").split()
-    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
-    return ", ".join(filter(None, [field("model name") or platform.machine(), vector]))
-
-
 def about(quick):
     """The run's date (UTC) and machine: what every figure of it is to be read with."""
     return {"quick": quick, "onnxruntime": ort.__version__, "numpy": np.__version__, "cores": os.cpu_count(),
-            "cpu": _cpu(), "memory_bytes": embed.physical_memory() or 0,
+            "cpu": page.cpu(), "memory_bytes": embed.physical_memory() or 0,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")}
 
 

@@ -11,6 +11,7 @@ each, under onnxruntime's default SessionOptions, before and after, each over th
 stored tensor once: the table plus the other weights), the bytes on disk, and inspect's time over the sessions'.
 """
 import argparse
+import datetime
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 
+from runtime.bench import page
 from runtime.inspect.examine_folder import inspect_folder
 from runtime.inspect.sandbox import isolated, memory
 
@@ -98,7 +100,7 @@ def measure(folder):
                 "times_weights": [round(was["resident_bytes"] / weights, 2), round(now["resident_bytes"] / weights, 2)],
                 "disk_bytes": [_disk(exported), _disk(retied)],
                 "inspect_s": round(inspect_s, 2), "sessions_s": round(sessions_s, 2), "retie_s": round(retie_s, 2),
-                "inspect_over_sessions": round(inspect_s / sessions_s, 2)}
+                "inspect_over_sessions": round(inspect_s / sessions_s, 2), "onnxruntime": before["onnxruntime"]}
 
 
 def _line(r):
@@ -112,16 +114,46 @@ def _line(r):
             f"({r['sessions_s']} s; target <= {COST}: {'met' if r['inspect_over_sessions'] <= COST else 'MISSED'})")
 
 
+def markdown(results, onnxruntime, seconds):
+    """The region's text: one row per folder, then the run's date and machine."""
+    mib = lambda b: f"{b / 2**20:.1f}"
+    rows = [[os.path.basename(r["folder"].rstrip("/")), r["table"], f"{mib(r['pss_bytes'][0])} ({r['copies_in_memory'][0]})",
+             f"{mib(r['pss_bytes'][1])} ({r['copies_in_memory'][1]})", mib(r["distinct_weight_bytes"]),
+             f"{r['times_weights'][0]:.2f} → {r['times_weights'][1]:.2f}",
+             f"{mib(r['disk_bytes'][0])} → {mib(r['disk_bytes'][1])} ({r['copies_on_disk'][0]} → {r['copies_on_disk'][1]})",
+             f"{r['inspect_s']:.1f} / {r['sessions_s']:.1f} = {r['inspect_over_sessions']:.2f}×"] for r in results]
+    lines = page.table(["folder", "table", "Pss MiB before (copies)", "after (copies)", "distinct weights MiB",
+                        "Pss / weights", "on disk MiB (table stored)", "inspect s / sessions s"], rows, left=2)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    return "\n".join(lines) + (f"\n\n*{date}, {page.cpu()} ({os.cpu_count()} cores), onnxruntime {onnxruntime}; "
+                               f"`python -m runtime.bench.folders`, {seconds / 60:.1f} minutes; targets: Pss / "
+                               f"weights after <= {TARGET}, inspect <= {COST}x the sessions*\n")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m runtime.bench.folders", description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", metavar="FOLDER", help="an exported model folder (Optimum's layout)")
     parser.add_argument("--json", action="store_true", help="one JSON object per folder instead of a line")
+    parser.add_argument("--markdown", metavar="FILE",
+                        help="also rewrite FILE's <!-- bench:folders --> region with the run's table")
     args = parser.parse_args(argv)
     for folder in args.folders:
         if not os.path.isdir(folder):
             parser.error(f"{folder}: not a folder")
-        r = measure(folder)
-        print(json.dumps(r) if args.json else _line(r), flush=True)
+    if args.markdown:
+        try:
+            page.check_region(args.markdown, "folders")  # refused before minutes of measuring, not after
+        except OSError as e:
+            parser.error(f"--markdown {args.markdown}: {e.strerror or e}")
+        except ValueError as e:
+            parser.error(str(e))
+    began, results = time.perf_counter(), []
+    for folder in args.folders:
+        results.append(measure(folder))
+        print(json.dumps(results[-1]) if args.json else _line(results[-1]), flush=True)
+    if args.markdown:
+        page.rewrite_region(args.markdown, "folders", markdown(results, results[0]["onnxruntime"],
+                                                               time.perf_counter() - began))
     return 0
 
 

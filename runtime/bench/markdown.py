@@ -5,18 +5,9 @@ A file that exists is rewritten only inside its marked regions, `<!-- bench:NAME
 a heading and in its region, to start such a page from.
 """
 import os
-import re
 
+from runtime.bench.page import REGION, table
 from runtime.bench.report import targets as judged
-
-REGION = re.compile(r"(<!-- bench:([a-z_]+) -->\n)(.*?)(<!-- /bench -->)", re.S)
-
-
-def _table(header, rows, left=1):
-    """A Markdown table: `header` [str], `rows` [[str]]; the first `left` columns aligned left, figures right."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] * left + ["---:"] * (len(header) - left)) + "|"]
-    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-
 
 def _size(r):
     return f"{r['vocab']} × {r['width']}"
@@ -33,11 +24,11 @@ def machine(results):
             ["onnxruntime", results.get("onnxruntime", "?")], ["numpy", results.get("numpy", "?")],
             ["command", f"`{results.get('command', 'python -m runtime.bench')}`"],
             ["duration", f"{results.get('seconds', 0) / 60:.1f} minutes"]]
-    return _table(["run", ""], rows, left=2)
+    return table(["run", ""], rows, left=2)
 
 
 def lookups(results):
-    return _table(["V", "ids", "np.take µs", "Gather µs", "Gather / take", "OneHot+MatMul ms", "OneHot / Gather",
+    return table(["V", "ids", "np.take µs", "Gather µs", "Gather / take", "OneHot+MatMul ms", "OneHot / Gather",
                    "multiplications n·V·D"],
                   [[r["vocab"], r["tokens"], f"{r['take_s'] * 1e6:.1f}", f"{r['gather_s'] * 1e6:.1f}",
                     f"{r['gather_vs_take']:.2f}×", f"{r['onehot_s'] * 1e3:.2f}", f"{r['onehot_vs_gather']:.0f}×",
@@ -47,13 +38,13 @@ def lookups(results):
 def format_lookups(results):
     rows = results["format_lookups"]
     vocabs = list(rows[0]["seconds"])
-    return _table(["format"] + [f"V = {v} µs" for v in vocabs] + ["large / small (lowest–highest)"],
+    return table(["format"] + [f"V = {v} µs" for v in vocabs] + ["large / small (lowest–highest)"],
                   [[r["format"]] + [f"{r['seconds'][v] * 1e6:.1f}" for v in vocabs]
                    + [f"{r['large_vs_small']:.2f}×{_spread(r.get('spread'))}"] for r in rows])
 
 
 def packed_rows(results):
-    return _table(["ids", "GatherBlockQuantized µs", "packed rows µs", "packed / GBQ", "same bits"],
+    return table(["ids", "GatherBlockQuantized µs", "packed rows µs", "packed / GBQ", "same bits"],
                   [[r["tokens"], f"{r['gbq_s'] * 1e6:.0f}", f"{r['packed_rows_s'] * 1e6:.0f}",
                     f"{r['packed_rows_vs_gbq']:.2f}×", "yes" if r["same_bits"] else "NO"]
                    for r in results["packed_rows"]])
@@ -67,12 +58,12 @@ def head(results):
                      f"{r['run_vs_numpy']:.2f}×{_spread(spread.get('run'))}", f"{r['run_out_s'] * 1e3:.2f}",
                      f"{r['run_out_vs_numpy']:.2f}×{_spread(spread.get('run_out'))}", f"{r['flop_per_s'] / 1e9:.1f}",
                      f"{r['packed_copy_s'] * 1e3:.2f}", f"{r['arena_on_s'] * 1e3:.2f}"])
-    return _table(["V × D", "N", "numpy ms", "OpenBLAS kernel", "run ms", "run / numpy", "run(out=) ms",
+    return table(["V × D", "N", "numpy ms", "OpenBLAS kernel", "run ms", "run / numpy", "run(out=) ms",
                    "out= / numpy", "GFLOP/s", "packed copy ms", "arena on ms"], rows)
 
 
 def head_memory(results):
-    return _table(["V × D", "after runs of N", "resident MiB", "table MiB", "logits returned MiB",
+    return table(["V × D", "after runs of N", "resident MiB", "table MiB", "logits returned MiB",
                    "resident / (table + logits)"],
                   [[_size(r), r["tokens"], f"{r['memory']['grown'] / 2**20:.0f}",
                     f"{r['memory']['table_bytes'] / 2**20:.0f}", f"{r['memory']['logits_bytes'] / 2**20:.0f}",
@@ -88,7 +79,7 @@ def memory(results):
         rows.append([_size(r), "tied" if r["tied"] else "untied", "external" if r["external"] else "inline",
                      "on" if r["arena"] else "off", f"{r['at_start']:.2f}×", f"{r['after_first_run']:.2f}×",
                      f"≤ {r['target']:.2f}×", verdict])
-    return _table(["V × D", "head", "table data", "arena", "at start", "after a run", "target", ""], rows, left=4)
+    return table(["V × D", "head", "table data", "arena", "at start", "after a run", "target", ""], rows, left=4)
 
 
 def formats(results):
@@ -99,20 +90,20 @@ def formats(results):
                      f"{r['anonymous_bytes'] / 2**20:.0f} / {r['file_bytes'] / 2**20:.0f}", f"{r['token_s'] * 1e3:.2f}",
                      f"{r['token_vs_float32']:.2f}×", f"{r['token_vs_floor']:.2f}×", f"{r['prompt_s'] * 1e3:.1f}",
                      f"{r['prompt_vs_float32']:.2f}×", f"{r['top8_overlap']:.1%}", f"{r['logit_error']:.3g}"])
-    return _table(["V × D", "format", "table MiB", "resident / table", "anonymous / file MiB", "ms / token",
+    return table(["V × D", "format", "table MiB", "resident / table", "anonymous / file MiB", "ms / token",
                    "vs float32", "vs byte floor", "ms / 64 tokens", "vs float32", "top-8 overlap",
                    "largest logit error"], rows, left=2)
 
 
 def floor(results):
     f, rate = results["floor"], (results.get("formats") or [{}])[0].get("bandwidth")
-    return _table(["Identity on one float: run µs", "run_with_iobinding µs", "streaming read GB/s (the byte floor)"],
+    return table(["Identity on one float: run µs", "run_with_iobinding µs", "streaming read GB/s (the byte floor)"],
                   [[f"{f['run_s'] * 1e6:.1f}", f"{f['iobinding_s'] * 1e6:.1f}",
                     f"{rate / 1e9:.1f}" if rate else "not measured"]])
 
 
 def targets(results):
-    return _table(["", "target (figures of this run)"],
+    return table(["", "target (figures of this run)"],
                   [["met" if ok else "**NOT met**", what.replace("|", "/")] for what, ok in judged(results)], left=2)
 
 
