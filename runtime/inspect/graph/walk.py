@@ -143,6 +143,9 @@ def _gather_block_quantized(model, node, producer, consumers, resolve, seen):
     rows = model.tensors[found[0]].dims
     blocks = model.tensors[scales[0]].dims if scales else []
     width = math.prod(blocks[1:]) * block if len(blocks) > 1 and isinstance(block, int) and block > 0 else 0
+    codes = model.tensors[found[0]]
+    if len(rows) == 2 and codes.data_type in (TensorProto.INT4, TensorProto.UINT4):
+        width = min(width, rows[1])  # one block wider than the row: the codes' own columns are the width
     entry = _entry(model, found, node, "table", scales[0], attribute(node, "bits", 4), rows[0],
                    width) if width > 0 and rows and rows[0] > 0 else None
     if entry:
