@@ -13,6 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 FOLDERS = os.path.join(FIXTURES, "folders")
 U = 2.0**-24  # float32's unit roundoff
+VOCAB, WIDTH, BLOCK = 512, 64, 32  # every model folder fixture's (make_genai_fixtures.py, make_more_*_fixtures.py)
+TORCH_TABLE_BYTES = 256 * 32 * 4  # the torch exports' [256, 32] float32 table (make_torch_fixtures.py)
+MADE = json.load(open(os.path.join(FIXTURES, "more_fixtures.json")))  # what made each make_more_* fixture
 
 
 def run_inspect(*args, timeout=300, cwd=ROOT, **kwargs):
@@ -54,9 +57,30 @@ def _fixture_json(path, args, stamp):
     return inspected(path, "--json", *args).stdout
 
 
+def model_in(name):
+    """The model.onnx of fixture folder `name`."""
+    return os.path.join(FIXTURES, name, "model.onnx")
+
+
 def one_line_error(code, err, *words):
     """Exit 2 with exactly one line on stderr, no traceback, naming each of `words`."""
     return code == 2 and err.count("\n") == 1 and "Traceback" not in err and all(w in err for w in words)
+
+
+def refused(done, *words):
+    """one_line_error for a CompletedProcess."""
+    return one_line_error(done.returncode, done.stderr, *words)
+
+
+def relations(data):
+    """(table, head, relation, wasted bytes) of each pair in a --json answer."""
+    return [(p["table"], p["head"], p["relation"], p["wasted_bytes"]) for p in data["pairs"]]
+
+
+def token_entry(data):
+    """The one token table's vocabulary entry of a --json answer."""
+    (entry,) = [v for v in data["vocabulary"] if v["kind"] == "token"]
+    return entry
 
 
 def model_of(nodes, inputs, outputs, initializers):
@@ -99,6 +123,23 @@ def many_tables(count):
     return model_of(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
                             helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["n", 4])],
                     outputs, initializers)
+
+
+def tied(path, vocab=64, width=8, seed=0, external=False):
+    """The lab's tied head saved at `path`."""
+    import graphs
+    graphs.save(graphs.tied_logits(graphs.make_table(vocab, width, seed)), path, external=external)
+    return path
+
+
+def renamed(model, old, new):
+    """`model` with initializer `old` called `new`, and every node input reading it."""
+    for tensor in model.graph.initializer:
+        if tensor.name == old:
+            tensor.name = new
+    for node in model.graph.node:
+        node.input[:] = [new if x == old else x for x in node.input]
+    return model
 
 
 def save_raw(model, path):

@@ -3,8 +3,6 @@ value; the files a client loads together are chosen by the folder's layout and r
 whose tie_word_embeddings the graph contradicts is a finding."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -13,22 +11,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from runtime.inspect.read.layout import client_files
 from runtime.inspect.read.model import graph_paths
-from tests.helpers import FIXTURES, FOLDERS, ROOT
+from tests.helpers import FIXTURES, FOLDERS, findings, run_inspect
 
 V, D = 1000, 64  # a table large enough that onnxruntime folds and prepacks copies of it
 TABLE = np.random.default_rng(0).standard_normal((V, D)).astype(np.float32)
 OTHER = np.random.default_rng(1).standard_normal((V, D)).astype(np.float32)
-
-
-def run_inspect(*args):
-    return subprocess.run([sys.executable, "-m", "runtime.inspect", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-
-
-def findings(*args):
-    done = run_inspect(*args, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def decoder_nodes(prefix, mix, head_source="table"):

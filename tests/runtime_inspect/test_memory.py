@@ -1,5 +1,6 @@
-"""The tie where users run models: onnxruntime's default SessionOptions (resident memory measured in fresh
-processes by runtime.inspect) and onnxruntime-genai's Generator, before and after --retie."""
+"""What a session holds (runtime.inspect.findings.counting and .sandbox.memory): the copies onnxruntime folds
+and prepacks, resident memory under its default SessionOptions measured in fresh processes, and the tie where users
+run models, onnxruntime-genai's Generator, before and after --retie."""
 import json
 import os
 import shutil
@@ -7,24 +8,24 @@ import subprocess
 import sys
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphs
-from tests.helpers import FIXTURES, ROOT
+from tests.helpers import BLOCK, FIXTURES, VOCAB, WIDTH, findings, folded, inspected, relations
 
 PROMPTS = ([1, 2, 3, 4], [17, 250, 3, 99, 400], [511, 7])
 
 
-def inspect(*args):
-    done = subprocess.run([sys.executable, "-m", "runtime.inspect", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return done
+def prepacked(data, name):
+    return [(c["kernel"], c["bytes"]) for c in data["runtime_copies"] if c.get("view") == "prepacked"
+            and c["copy_of"] == name]
 
 
-def entry(path, table=None):
-    vocabulary = json.loads(inspect(path, "--json").stdout)["vocabulary"]
+def entry(path, table=None, timeout=600):
+    """The vocabulary entry of `table` (or the first) in `inspect PATH --json` (600 s: tables of real sizes)."""
+    vocabulary = json.loads(inspected(path, "--json", timeout=timeout).stdout)["vocabulary"]
     return next(v for v in vocabulary if table in (None, v["table"]))
 
 
@@ -51,14 +52,68 @@ print(json.dumps(tokens))
     return json.loads(done.stdout)
 
 
-# --- onnxruntime-genai's runtime ---------------------------------------------------------------------------
+# --- copies onnxruntime folds and prepacks ----------------------------------------------------------------------------
+
+def test_inspect_dynamo_large_table_is_copied_at_run_time():
+    data = findings(os.path.join(FIXTURES, "dynamo_tied_large.onnx"))
+    assert relations(data) == [("lm_head.weight", "lm_head.weight", "shared", 0)]
+    copies = [c for c in folded(data) if c.get("copy_of") == "lm_head.weight"]
+    assert [(c["bytes"], c["transposed"], c["shape"]) for c in copies] == [(1024 * 64 * 4, True, [64, 1024])]
+
+
+def test_inspect_genai_fp32_shared_embeddings():
+    data = findings(os.path.join(FIXTURES, "genai_fp32", "model.onnx"))
+    (entry,) = data["vocabulary"]
+    assert {k: entry[k] for k in ("table", "vocab_size", "width", "format", "bytes", "tied", "head")} == {
+        "table": "lm_head.MatMul.weight", "vocab_size": VOCAB, "width": WIDTH, "format": "float32",
+        "bytes": VOCAB * WIDTH * 4, "tied": True, "head": "lm_head.MatMul.weight"}
+    # onnxruntime folds the lookup's Transpose into a second table, and prepacks the head's weight into a third,
+    # freeing the original (its only reader packed it): two copies under the defaults, two with prepacking off
+    assert entry["tables_in_memory"] == 2
+    assert [entry["in_memory"][s]["copies"] for s in ("defaults", "no_prepacking")] == [2, 2]
+    assert entry["onnxruntime"] == ort.__version__  # whose folding and prepacking these counts are
+    (copy,) = [c for c in folded(data) if c.get("copy_of") == "lm_head.MatMul.weight"]
+    assert (copy["view"], copy["shape"], copy["bytes"]) == ("transposed", [VOCAB, WIDTH], VOCAB * WIDTH * 4)
+    assert prepacked(data, "lm_head.MatMul.weight") == [("MatMul", VOCAB * WIDTH * 4)]
+
+
+def test_inspect_genai_int4_shared_embeddings():
+    data = findings(os.path.join(FIXTURES, "genai_int4", "model.onnx"))
+    (entry,) = data["vocabulary"]
+    packed, scales = VOCAB * WIDTH // 2, VOCAB * (WIDTH // BLOCK) * 4  # two codes a byte; a float32 scale a block
+    assert {k: entry[k] for k in ("table", "vocab_size", "width", "format", "bytes", "tied", "head")} == {
+        "table": "lm_head.MatMul.weight_Q4", "vocab_size": VOCAB, "width": WIDTH, "format": "int4",
+        "bytes": packed + scales, "tied": True, "head": "lm_head.MatMul.weight_Q4"}
+    # the Reshape before GatherBlockQuantized is folded into a copy, and MatMulNBits prepacks the codes (freeing them)
+    assert entry["tables_in_memory"] == 2
+    (copy,) = [c for c in folded(data) if c.get("copy_of") == "lm_head.MatMul.weight_Q4"]
+    assert (copy["view"], copy["bytes"]) == ("reshaped", packed)
+    assert [kernel for kernel, _ in prepacked(data, "lm_head.MatMul.weight_Q4")] == ["MatMulNBits"]
+
+
+def test_inspect_genai_fp16_counts_the_float32_copy():
+    """onnxruntime's CPU provider runs the float16 head through a float32 MatMul: the inserted Cast is folded into a
+    float32 copy of the table (beside the Transpose's float16 copy), and inspect says whose it is."""
+    data = findings(os.path.join(FIXTURES, "genai_fp16", "model.onnx"))
+    (entry,) = data["vocabulary"]
+    # the stored table is dropped once both its readers are folded; the float32 copy is prepacked and then freed:
+    # a float16 copy and a packed float32 one under the defaults, three tensors with prepacking off
+    assert (entry["format"], entry["bytes"], entry["tied"], entry["tables_in_memory"]) == (
+        "float16", VOCAB * WIDTH * 2, True, 2)
+    views = sorted((c["view"], c["bytes"]) for c in folded(data) if c.get("copy_of") == entry["table"])
+    assert views == [("transposed", VOCAB * WIDTH * 2), ("widened", VOCAB * WIDTH * 4)]
+    (widened,) = [c["name"] for c in folded(data) if c.get("view") == "widened" and c["copy_of"] == entry["table"]]
+    assert prepacked(data, widened) == [("MatMul", VOCAB * WIDTH * 4)]
+
+
+# --- onnxruntime-genai's runtime --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fixture", ["genai_fp32", "genai_int4"])
 def test_genai_generates_the_same_tokens_after_retie(fixture, tmp_path):
     source = os.path.join(FIXTURES, fixture)
     out = tmp_path / "retied" / "model.onnx"
     out.parent.mkdir()
-    said = inspect(os.path.join(source, "model.onnx"), "--retie", out).stdout
+    said = inspected(os.path.join(source, "model.onnx"), "--retie", out).stdout
     assert "copied genai_config.json beside OUT" in said
     before, after = genai_tokens(source), genai_tokens(out.parent)
     assert len(after) == len(PROMPTS) and all(len(t) == 12 for t in after)
@@ -73,7 +128,7 @@ def test_retie_names_out_in_genai_config_and_never_replaces_a_file(tmp_path):
     (model_folder / "tokenizer_config.json").write_text('{"from": "the model"}\n')
     (model_folder / "vocab.json").write_text('{"a": 0}\n')
     out = tmp_path / "retied.onnx"
-    said = inspect(model_folder / "model.onnx", "--retie", out).stdout
+    said = inspected(model_folder / "model.onnx", "--retie", out).stdout
     assert "tokenizer_config.json exists beside OUT: left as it is" in said
     assert "copied vocab.json beside OUT" in said
     assert (tmp_path / "tokenizer_config.json").read_text() == "mine\n"
@@ -90,12 +145,12 @@ def test_retie_beside_its_input_leaves_genai_config_alone(tmp_path):
     folder = tmp_path / "model"
     shutil.copytree(os.path.join(FIXTURES, "genai_fp32"), folder)
     config = (folder / "genai_config.json").read_bytes()
-    said = inspect(folder / "model.onnx", "--retie", folder / "retied.onnx").stdout
+    said = inspected(folder / "model.onnx", "--retie", folder / "retied.onnx").stdout
     assert "genai_config.json names 'model.onnx', not OUT: it is not changed" in said
     assert (folder / "genai_config.json").read_bytes() == config
 
 
-# --- resident memory under onnxruntime's defaults ----------------------------------------------------------
+# --- resident memory under onnxruntime's defaults ---------------------------------------------------------------------
 
 V, D = 16384, 512  # a 32 MiB table: well above a session's own few MiB
 
@@ -159,7 +214,7 @@ def test_retie_at_qwen2_size_holds_one_table_under_the_defaults(tmp_path):
     assert before["in_memory"]["defaults"]["copies"] == 2 and before["in_memory"]["defaults"]["times_table"] >= 1.9
     out = tmp_path / "retied" / "model.onnx"
     out.parent.mkdir()
-    inspect(source, "--retie", out)
+    inspected(source, "--retie", out, timeout=600)
     after = entry(out)
     assert after["tied"] and after["in_memory"]["defaults"]["copies"] == 1
     assert after["in_memory"]["defaults"]["times_table"] <= 1.10, after["in_memory"]

@@ -1,16 +1,15 @@
-"""runtime.inspect on hostile files: one named test per way it once failed, then a seeded structure-aware fuzzer.
-
-Every answer must be exit 0 (a report), 1 (retie not proven) or 2 (one line on stderr), with no traceback,
-quickly, and with nothing written beside the model but --retie's output.
-"""
+"""Reading a model nobody vouched for (runtime.inspect.read): cycles, unknown types, external data that escapes,
+is missing, sparse or short, malformed tensors, names that are not UTF-8, attributes of the wrong type, sidecars
+beside the model; then a seeded structure-aware fuzzer. Every answer is a report or one line on stderr (exit 2),
+never a traceback, quickly, and nothing is written beside the model but --retie's output."""
 import contextlib
 import hashlib
 import io
 import json
 import os
 import random
+import shutil
 import signal
-import subprocess
 import sys
 import time
 
@@ -21,52 +20,51 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphs
 from runtime.inspect import main
-from tests.helpers import FIXTURES, ROOT
+from runtime.inspect.graph import constants
+from runtime.inspect.read.model import load
+from runtime.inspect.read.text import InspectError
+from tests.helpers import (
+    FIXTURES,
+    findings,
+    head_through,
+    inspect_cli,
+    model_of,
+    one_line_error,
+    refused,
+    relations,
+    renamed,
+    run_inspect,
+    save_raw,
+    transposed_head,
+)
 
-FUZZ_CASES = int(os.environ.get("ONNX_LAB_FUZZ_CASES", "300"))
-CASE_SECONDS = 60  # generous for a shared 2-core machine; a hang runs forever
+# --- files that are not models ----------------------------------------------------------------------------------------
 
-
-def inspect_cli(*args, timeout=120):
-    """The real command in a subprocess: (exit status, stdout, stderr)."""
-    done = subprocess.run([sys.executable, "-m", "runtime.inspect", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-    return done.returncode, done.stdout, done.stderr
-
-
-def one_line_error(code, err, *words):
-    return (code == 2 and err.count("\n") == 1 and "Traceback" not in err
-            and all(w in err for w in words))
-
-
-def model_of(nodes, inputs, outputs, initializers):
-    graph = helper.make_graph(nodes, "hostile", inputs, outputs, initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    model.ir_version = 10
-    return model
-
-
-def head_through(nodes, table=None):
-    """ids -> Gather(table); hidden -> MatMul(hidden, <the last of `nodes`>) -> logits."""
-    table = graphs.make_table(16, 4) if table is None else table
-    return model_of(
-        [helper.make_node("Gather", ["embedding", "ids"], ["embeddings"])] + nodes
-        + [helper.make_node("MatMul", ["hidden", nodes[-1].output[0] if nodes else "embedding"], ["logits"])],
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
-         helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["n", 4])],
-        [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["n", 4]),
-         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 16])],
-        [numpy_helper.from_array(table, "embedding")])
+def test_bad_inputs_exit_2(tmp_path):
+    text = tmp_path / "notes.onnx"
+    text.write_text("this is not a model\n")
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(open(os.path.join(FIXTURES, "torchscript_tied.onnx"), "rb").read()[:5000])
+    for path in (tmp_path / "missing.onnx", text, truncated, tmp_path):
+        assert refused(run_inspect(path)), path
+    assert sorted(os.listdir(tmp_path)) == ["notes.onnx", "truncated.onnx"]
 
 
-def save_raw(model, path):
-    """Write without any checker: these files are meant to be broken."""
-    with open(path, "wb") as f:
-        f.write(model.SerializeToString())
-    return path
+def test_a_sparse_or_oversized_model_file_is_refused_unread(tmp_path):
+    path = tmp_path / "sparse.onnx"
+    onnx.save(graphs.tied_logits(graphs.make_table(16, 8)), path)
+    with open(path, "r+b") as f:
+        f.truncate(2**30)  # a hole: a few KiB on disk, 1 GiB long
+    start = time.monotonic()
+    code, _, err = inspect_cli(path)
+    assert one_line_error(code, err, "sparse file") and time.monotonic() - start < 30, err
+    with open(path, "r+b") as f:
+        f.truncate(3 * 2**30)
+    code, _, err = inspect_cli(path)
+    assert one_line_error(code, err, "more than a protobuf holds"), err
 
 
-# --- one test per bug -----------------------------------------------------------------------------
+# --- graphs that are not valid ----------------------------------------------------------------------------------------
 
 def test_identity_cycle_is_a_finding(tmp_path):
     nodes = [helper.make_node("Identity", ["b"], ["a"], name="a"), helper.make_node("Identity", ["a"], ["b"], name="b")]
@@ -95,6 +93,129 @@ def test_unknown_data_type_is_a_finding(tmp_path):
     model.graph.initializer[0].data_type = 9999
     code, _, err = inspect_cli(save_raw(model, tmp_path / "type.onnx"))
     assert one_line_error(code, err, "'embedding'", "9999", "unknown or unsupported")
+
+
+@pytest.mark.parametrize("case, change, words", [
+    ("negative_dim", lambda t: t.dims.__setitem__(0, -16), ["negative dimension"]),
+    ("short_raw", lambda t: setattr(t, "raw_data", t.raw_data[:-1]), ["raw data holds 255 bytes", "need 256"]),
+    ("dims_too_big", lambda t: t.dims.__setitem__(0, 2**40), ["need"]),
+    ("no_data", lambda t: t.ClearField("raw_data"), ["no data"]),
+    ("huge_product", lambda t: t.dims.extend([2**40, 2**40]), ["more elements than any file holds"]),
+    ("undefined_type", lambda t: setattr(t, "data_type", 0), ["UNDEFINED"]),
+])
+def test_malformed_tensor_is_one_line(tmp_path, case, change, words):
+    model = head_through([])
+    change(model.graph.initializer[0])
+    code, _, err = inspect_cli(save_raw(model, tmp_path / f"{case}.onnx"))
+    assert one_line_error(code, err, "'embedding'", *words), err
+
+
+def gemm_head(trans_b):
+    table = graphs.make_table(16, 4)
+    gemm = helper.make_node("Gemm", ["hidden", "embedding"], ["logits"])
+    gemm.attribute.append(trans_b)
+    return model_of([helper.make_node("Gather", ["embedding", "ids"], ["embeddings"]), gemm],
+                    [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
+                     helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["n", 4])],
+                    [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["n", 4]),
+                     helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 16])],
+                    [numpy_helper.from_array(table, "embedding")])
+
+
+@pytest.mark.parametrize("attribute", [
+    helper.make_attribute("transB", "1"),  # a string
+    onnx.AttributeProto(name="transB"),  # no type
+    helper.make_attribute_ref("transB", onnx.AttributeProto.INT),  # a reference
+], ids=["string", "untyped", "reference"])
+def test_an_attribute_of_the_wrong_type_is_a_finding(tmp_path, attribute):
+    path = tmp_path / "gemm.onnx"
+    onnx.save(gemm_head(attribute), path)
+    code, _, err = inspect_cli(path)
+    assert one_line_error(code, err, "transB", "not an INT"), err
+
+
+def test_matmulnbits_without_n_is_a_finding(tmp_path):
+    codes = np.zeros((16, 1, 16), np.uint8)
+    node = helper.make_node("MatMulNBits", ["hidden", "w", "s"], ["logits"], domain="com.microsoft", K=32, bits=4,
+                            block_size=32)
+    model = model_of([node], [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["n", 32])],
+                     [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 16])],
+                     [numpy_helper.from_array(codes, "w"), numpy_helper.from_array(np.ones((16, 1), np.float32), "s")])
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    path = tmp_path / "nbits.onnx"
+    onnx.save(model, path)
+    code, _, err = inspect_cli(path)
+    assert one_line_error(code, err, "MatMulNBits", "N and K"), err
+
+
+@pytest.mark.parametrize("dims", [(0, 8), (64, 0), (0, 0)])
+def test_an_empty_table_is_reported_not_a_traceback(tmp_path, dims):
+    table = np.zeros(dims, np.float32)
+    path = tmp_path / "empty.onnx"
+    model = model_of([helper.make_node("Gather", ["embedding", "ids"], ["e"]),
+                      helper.make_node("Transpose", ["embedding"], ["t"], perm=[1, 0]),
+                      helper.make_node("MatMul", ["hidden", "t"], ["logits"])],
+                     [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
+                      helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["n", dims[1]])],
+                     [helper.make_tensor_value_info("e", TensorProto.FLOAT, None),
+                      helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+                     [numpy_helper.from_array(table, "embedding")])
+    onnx.save(model, path)
+    code, out, err = inspect_cli(path)
+    assert code == 0 and "vocabulary: no table" in out and "Traceback" not in err, err
+
+
+# --- names ------------------------------------------------------------------------------------------------------------
+
+def test_a_name_that_is_not_utf8_is_refused(tmp_path):
+    model = renamed(graphs.tied_logits(graphs.make_table(16, 8)), "embedding", "EMBXQ")
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(model.SerializeToString().replace(b"EMBXQ", b"E\xff\xfeXQ"))
+    for args in ((path,), (path, "--json")):
+        code, _, err = inspect_cli(*args)
+        assert one_line_error(code, err, "not valid UTF-8"), err
+
+
+def test_a_name_that_is_not_utf8_inside_a_subgraph_is_refused(tmp_path):
+    branch = helper.make_graph([helper.make_node("Identity", ["embedding"], ["b"], name="NAMEMARK")], "then", [],
+                               [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
+    model = transposed_head()
+    model.graph.input.append(helper.make_tensor_value_info("flag", TensorProto.BOOL, []))
+    model.graph.node.append(helper.make_node("If", ["flag"], ["picked"], then_branch=branch, else_branch=branch))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString().replace(b"NAMEMARK", b"\xff\xfe\x1b[2J\x07\xfc"))  # same length
+    code, _, err = inspect_cli(path)
+    assert one_line_error(code, err, "not valid UTF-8") and "\x1b" not in err
+
+
+# --- external data ----------------------------------------------------------------------------------------------------
+
+def test_inspect_reads_external_data_and_counts_its_bytes(tmp_path):
+    path = tmp_path / "tied.onnx"
+    graphs.save(graphs.tied_logits(graphs.make_table(64, 8)), path, external=True)
+    data = findings(path)
+    assert data["file_bytes"] == os.path.getsize(path) + os.path.getsize(str(path) + ".data")
+    assert relations(data) == [("embedding", "embedding", "shared", 0)]
+
+
+def test_external_data_escaping_the_folder_is_refused(tmp_path):
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(np.ones((4, 2), np.float32).tobytes())
+    folder = tmp_path / "model"
+    folder.mkdir()
+    model = graphs.gather_lookup(np.ones((4, 2), np.float32))
+    tensor = model.graph.initializer[0]
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../secret.bin"), ("offset", "0"), ("length", "32")):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    onnx.save(model, folder / "escape.onnx")
+    done = run_inspect(folder / "escape.onnx")
+    assert refused(done) and "escapes" in done.stderr
+    tensor.external_data[0].value = str(secret)  # an absolute path, too
+    onnx.save(model, folder / "absolute.onnx")
+    assert refused(run_inspect(folder / "absolute.onnx"))
 
 
 def external(model, location, offset="0", length=None):
@@ -152,53 +273,134 @@ def test_bad_external_data_is_one_line(tmp_path, case, location, offset, length,
     assert one_line_error(code, err, *words), err
 
 
-@pytest.mark.parametrize("case, change, words", [
-    ("negative_dim", lambda t: t.dims.__setitem__(0, -16), ["negative dimension"]),
-    ("short_raw", lambda t: setattr(t, "raw_data", t.raw_data[:-1]), ["raw data holds 255 bytes", "need 256"]),
-    ("dims_too_big", lambda t: t.dims.__setitem__(0, 2**40), ["need"]),
-    ("no_data", lambda t: t.ClearField("raw_data"), ["no data"]),
-    ("huge_product", lambda t: t.dims.extend([2**40, 2**40]), ["more elements than any file holds"]),
-    ("undefined_type", lambda t: setattr(t, "data_type", 0), ["UNDEFINED"]),
-])
-def test_malformed_tensor_is_one_line(tmp_path, case, change, words):
-    model = head_through([])
-    change(model.graph.initializer[0])
-    code, _, err = inspect_cli(save_raw(model, tmp_path / f"{case}.onnx"))
-    assert one_line_error(code, err, "'embedding'", *words), err
-
-
-def test_onnxruntime_out_of_memory_is_a_finding(tmp_path):
-    big, small = tmp_path / "big.onnx", tmp_path / "small.onnx"
-    graphs.save(graphs.tied_logits(graphs.make_table(32768, 1024)), big)  # a 128 MiB table
-    graphs.save(graphs.tied_logits(graphs.make_table(64, 8)), small)
-    assert inspect_cli(small, "--memory-limit", "0.4")[0] == 0  # the limit leaves room for onnxruntime itself
-    code, _, err = inspect_cli(big, "--memory-limit", "0.4")
-    assert one_line_error(code, err, "onnxruntime ran out of memory", "0.4 GiB", "--memory-limit")
-
-
-def test_onnxruntime_time_out_is_a_finding(tmp_path):
+def test_a_dense_data_file_whose_range_tensors_share_is_not_sparse(tmp_path):
+    width = 1 << 16
+    rows = (65 << 20) // (4 * width)  # past the 64 MiB from which holes are looked for
+    table = np.ones((rows, width), np.float32)
+    (tmp_path / "data.bin").write_bytes(table.tobytes())
+    nodes, inits = [], []
+    for name in ("a", "b", "c"):  # three tensors over one range of a dense file
+        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=table.shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", "data.bin"), ("offset", "0"), ("length", str(table.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        inits.append(tensor)
+        nodes.append(helper.make_node("Gather", [name, "ids"], [f"e{name}"]))
+    model = model_of(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])],
+                     [helper.make_tensor_value_info(f"e{n}", TensorProto.FLOAT, None) for n in "abc"], inits)
     path = tmp_path / "m.onnx"
-    graphs.save(graphs.tied_logits(graphs.make_table(64, 8)), path)
-    start = time.monotonic()
-    code, _, err = inspect_cli(path, "--timeout", "0.05")
-    assert one_line_error(code, err, "did not finish", "--timeout 0.05 s")
-    assert time.monotonic() - start < 10
+    onnx.save(model, path)
+    assert sorted(load(path).tensors) == ["a", "b", "c"]  # read, not refused as sparse
+    os.truncate(tmp_path / "data.bin", 0)
+    os.truncate(tmp_path / "data.bin", table.nbytes)  # now it is a hole: refused
+    with pytest.raises(InspectError, match="sparse"):
+        load(path)
 
 
-def test_exit_codes_are_documented():
-    code, out, _ = inspect_cli("--help")
-    assert code == 0
-    assert "0 report written" in out and "1 the retie proof failed" in out and "2 bad usage" in out
-    assert "--timeout" in out and "--memory-limit" in out
+def test_tensors_inside_function_bodies_are_checked(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "outside.bin").write_bytes(np.ones(4, np.float32).tobytes())
+    tensor = onnx.TensorProto(name="c", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "../outside.bin"), ("offset", "0"), ("length", "16")):
+        tensor.external_data.add(key=key, value=value)
+    function = helper.make_function("lab.hostile", "AddC", ["x"], ["y"],
+                                    [helper.make_node("Constant", [], ["c"], value=tensor),
+                                     helper.make_node("Add", ["x", "c"], ["y"])],
+                                    [helper.make_opsetid("", 21)])
+    model = model_of([helper.make_node("AddC", ["x"], ["y"], domain="lab.hostile")],
+                     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [])
+    model.functions.append(function)
+    model.opset_import.append(helper.make_opsetid("lab.hostile", 1))
+    path = tmp_path / "model" / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    code, _, err = inspect_cli(path)
+    assert one_line_error(code, err, "escapes the model's folder"), err
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
-def test_bad_limits_are_usage_errors(value):
-    code, _, err = inspect_cli(os.path.join(FIXTURES, "torchscript_tied.onnx"), "--timeout", value)
-    assert one_line_error(code, err, "positive number")
+def constant_shape_model(folder):
+    """GatherBlockQuantized rows reshaped by a Constant whose value is external data (c.bin beside the model)."""
+    np.array([1, 32], np.int64).tofile(folder / "c.bin")
+    shape = TensorProto(name="shape_c", data_type=TensorProto.INT64, dims=[2], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "c.bin"), ("offset", "0"), ("length", "16")):
+        entry = shape.external_data.add()
+        entry.key, entry.value = key, value
+    nodes = [helper.make_node("GatherBlockQuantized", ["table", "ids", "scales"], ["rows"], domain="com.microsoft",
+                              block_size=32, bits=4),
+             helper.make_node("Constant", [], ["shp"], value=shape), helper.make_node("Reshape", ["rows", "shp"], ["out"])]
+    model = model_of(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])],
+                     [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+                     [numpy_helper.from_array(np.zeros((16, 16), np.uint8), "table"),
+                      numpy_helper.from_array(np.ones((16, 1), np.float32), "scales")])
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, folder / "model.onnx")
+    return folder / "model.onnx"
 
 
-# --- the fuzzer -----------------------------------------------------------------------------------
+def test_a_constant_with_external_data_is_never_read_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    path = constant_shape_model(tmp_path / "model")
+    np.array([4, 8], np.int64).tofile(tmp_path / "elsewhere" / "c.bin")  # what a path resolved here would read
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    model = load(path)
+    producer = {out: node for node in model.proto.graph.node for out in node.output}
+    assert constants.constant("shp", producer, model) is None  # not read at all: onnx would resolve it here
+    code, _, err = inspect_cli(path, cwd=tmp_path)  # a folder with no c.bin: once a traceback
+    # onnxruntime itself cannot load a Constant whose value is external data ("Cannot parse data from external
+    # tensors"): the model is checked, then refused in one line, not reported on
+    assert one_line_error(code, err, "model.onnx: onnxruntime cannot load it"), err
+
+
+def test_a_path_through_a_link_is_checked_where_the_os_finds_it(tmp_path):
+    real, elsewhere = tmp_path / "real", tmp_path / "elsewhere"
+    (real / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    os.symlink(real / "sub", elsewhere / "link")
+    graphs.save(graphs.tied_logits(graphs.make_table(64, 8)), real / "model.onnx", external=True)  # data beside it
+    onnx.save(graphs.tied_logits(graphs.make_table(16, 8)), elsewhere / "model.onnx")  # a decoy where a lexical
+    assert os.path.getsize(real / "model.onnx.data") >= 2048                           # reading of link/.. looks
+    code, out, err = inspect_cli(elsewhere / "link" / ".." / "model.onnx")  # the OS opens real/model.onnx
+    assert code == 0, err
+    assert "external" not in err and "embedding" in out
+    data = json.loads(inspect_cli(elsewhere / "link" / ".." / "model.onnx", "--json")[1])
+    assert data["file_bytes"] == sum(os.path.getsize(real / f) for f in ("model.onnx", "model.onnx.data"))
+
+
+# --- the files beside a model -----------------------------------------------------------------------------------------
+
+def genai_copy(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(os.path.join(FIXTURES, "genai_fp32"), folder)
+    return folder
+
+
+@pytest.mark.parametrize("name", ["config.json", "genai_config.json"])
+def test_a_sidecar_nested_past_the_parsers_depth_is_ignored(tmp_path, name):
+    folder = genai_copy(tmp_path)
+    (folder / name).write_text("[" * 200000 + "]" * 200000)
+    code, out, err = inspect_cli(folder / "model.onnx")
+    assert code == 0 and "vocabulary:" in out and "Traceback" not in err, err
+
+
+def test_a_device_where_a_sidecar_is_looked_for_is_not_opened(tmp_path):
+    folder = genai_copy(tmp_path)
+    try:
+        os.mknod(folder / "config.json", 0o600 | 0o020000, os.makedev(1, 3))  # a character device (/dev/null's)
+    except (PermissionError, OSError):
+        pytest.skip("cannot make a device node here")
+    code, out, err = inspect_cli(folder / "model.onnx")
+    assert code == 0 and "vocabulary:" in out, err
+
+
+# --- the fuzzer -------------------------------------------------------------------------------------------------------
+
+FUZZ_CASES = int(os.environ.get("ONNX_LAB_FUZZ_CASES", "300"))
+
+
+CASE_SECONDS = 60  # generous for a shared 2-core machine; a hang runs forever
+
 
 def _seeds(folder):
     """Valid models to mutate: the lab's heads, real torch exports, and one with external data."""
@@ -214,8 +416,12 @@ def _seeds(folder):
 
 
 OPS = ["Identity", "Transpose", "Gather", "MatMul", "Gemm", "Reshape", "Cast", "Add", "Relu", "NoSuchOp", ""]
+
+
 LOCATIONS = ["data.bin", "../data.bin", "/etc/hostname", "d\x00.bin", "", "missing.bin", "sub/../data.bin",
              "*/_ORT_MEM_ADDR_/*", "data.bin\n", "sub"]
+
+
 NUMBERS = ["0", "1", "-1", "64", "4096", "99999999999999999999", "x", "", "1e3"]
 
 
@@ -289,6 +495,8 @@ def _mutate(model, rng, folder):
 
 
 ATTRIBUTES = ["transB", "transA", "perm", "axis", "to", "N", "K", "bits", "block_size", "local_window_size"]
+
+
 HOSTILE_TEXT = ["\x1b[2J", "\x1b]0;title\x07", "a\nvocabulary: forged", "\u2028", "\x00", "\u202e"]
 
 
@@ -390,8 +598,9 @@ def _listing(folder):
     return sorted(os.listdir(folder))
 
 
-class _Hang(Exception):
-    pass
+class _Hang(BaseException):
+    """Raised by the alarm: a BaseException, so no `except Exception` in the code under test can turn a hang into
+    an ordinary answer."""
 
 
 def _alarm(signum, frame):
@@ -447,6 +656,23 @@ def run_case(seeds, index, root):
     allowed = {"out.onnx", "out.onnx.data"} if (retie and code == 0) else set()
     assert written <= allowed, f"{what}: wrote {sorted(written)}"
     return code, what
+
+
+def test_the_fuzzer_tells_a_hang_from_an_answer(tmp_path, monkeypatch):
+    """A command that hangs inside a broad `except Exception` (as a handler that answers 2 on any error would)
+    still fails its case, and within the case's seconds."""
+    def hangs_under_a_broad_except(args, supervised):
+        try:
+            time.sleep(60)
+        except Exception:  # what must not swallow the alarm
+            return 2
+        return 0
+    monkeypatch.setattr(sys.modules[__name__], "main", hangs_under_a_broad_except)
+    monkeypatch.setattr(sys.modules[__name__], "CASE_SECONDS", 1)
+    start = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match="no answer within 1 s"):
+        run_case({"lab_tied": graphs.tied_logits(graphs.make_table(32, 8))}, 0, tmp_path)
+    assert time.monotonic() - start < 30
 
 
 def test_fuzz_inspect(tmp_path):

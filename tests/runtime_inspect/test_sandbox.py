@@ -1,10 +1,14 @@
-"""runtime.inspect on hostile input, round two, the parent's side: what the child loads is what the parent checked,
-a file truncated while mapped, the whole command under --timeout, limits the user's shell set, and a killed
-command taking its children with it. Every answer is a report or one line, and nothing is left behind."""
+"""The sandbox (runtime.inspect.sandbox): onnxruntime in a child under limits, the guard around the command, the
+feeds. A file changed after the parent checked it is never run; time-outs, memory limits (ours and the shell's),
+signals and crashes each end in one line with a documented status, and nothing is left behind: no scratch folder,
+no half-placed output, no child outliving the command."""
+import glob
+import json
 import mmap
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -12,20 +16,28 @@ import time
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import graphs
 from runtime.inspect.read import checked as read_checked
 from runtime.inspect.read.model import load
-from runtime.inspect.read.text import InspectError
-from runtime.inspect.sandbox import guard, isolated
-from tests.helpers import FIXTURES, ROOT, head_through, inspect_cli, many_tables, model_of, one_line_error
+from runtime.inspect.sandbox import feeds, guard, isolated
+from tests.helpers import (
+    FIXTURES,
+    MADE,
+    ROOT,
+    findings,
+    inspect_cli,
+    many_tables,
+    model_in,
+    one_line_error,
+    run_inspect,
+    tied,
+    token_entry,
+    transposed_head,
+)
 
-
-def tied(path, vocab=64, width=8, seed=0, external=False):
-    graphs.save(graphs.tied_logits(graphs.make_table(vocab, width, seed)), path, external=external)
-    return path
-
+# --- changed files ----------------------------------------------------------------------------------------------------
 
 def test_a_model_swapped_after_the_check_is_never_run(tmp_path):
     path = tied(tmp_path / "m.onnx")
@@ -62,6 +74,21 @@ def test_what_the_child_runs_is_the_checked_bytes(tmp_path):
         read_checked.source(model.checked)
 
 
+def test_a_data_file_link_retargeted_after_the_check_is_refused(tmp_path):
+    path = tmp_path / "m.onnx"
+    model = graphs.tied_logits(graphs.make_table(64, 8))
+    graphs.save(model, path, external=True)
+    data = graphs.storage.data_path(path)
+    os.rename(data, tmp_path / "real.data")
+    shutil.copy(tmp_path / "real.data", tmp_path / "other.data")
+    os.symlink("real.data", data)  # the model's location is a link to a file inside the folder
+    checked = load(path).checked
+    os.remove(data)
+    os.symlink("other.data", data)  # retargeted: same bytes, another file, still inside
+    with pytest.raises(read_checked.Changed, match="changed after it was checked"):
+        read_checked.source(checked)
+
+
 def test_a_file_truncated_while_mapped_is_one_line_not_sigbus(tmp_path, capsys):
     data = tmp_path / "data.bin"
     data.write_bytes(b"\1" * (1 << 20))
@@ -81,6 +108,31 @@ def test_a_file_truncated_while_mapped_is_one_line_not_sigbus(tmp_path, capsys):
     assert not scratch.exists() and (tmp_path / ".saving-x").exists()
 
 
+# --- time and memory --------------------------------------------------------------------------------------------------
+
+def test_onnxruntime_out_of_memory_is_a_finding(tmp_path):
+    big, small = tmp_path / "big.onnx", tmp_path / "small.onnx"
+    graphs.save(graphs.tied_logits(graphs.make_table(32768, 1024)), big)  # a 128 MiB table
+    graphs.save(graphs.tied_logits(graphs.make_table(64, 8)), small)
+    assert inspect_cli(small, "--memory-limit", "0.4")[0] == 0  # the limit leaves room for onnxruntime itself
+    code, _, err = inspect_cli(big, "--memory-limit", "0.4")
+    assert one_line_error(code, err, "onnxruntime ran out of memory", "0.4 GiB", "--memory-limit")
+
+
+def test_onnxruntime_time_out_is_a_finding(tmp_path):
+    path = tmp_path / "m.onnx"
+    graphs.save(graphs.tied_logits(graphs.make_table(64, 8)), path)
+    start = time.monotonic()
+    code, _, err = inspect_cli(path, "--timeout", "0.05")
+    assert one_line_error(code, err, "did not finish", "--timeout 0.05 s")
+    assert time.monotonic() - start < 10
+
+
+def test_a_timeout_that_passes_before_the_work_starts_is_one_line(tmp_path):
+    code, _, err = inspect_cli(os.path.join(FIXTURES, "torchscript_tied.onnx"), "--timeout", "1e-7")
+    assert one_line_error(code, err, "did not finish within --timeout 1e-07 s")
+
+
 def test_the_timeout_bounds_the_parents_own_work(tmp_path):
     path = tmp_path / "many.onnx"
     onnx.save(many_tables(1000), path)  # about 11 s of the parent's own relating, no onnxruntime in it
@@ -88,6 +140,20 @@ def test_the_timeout_bounds_the_parents_own_work(tmp_path):
     code, _, err = inspect_cli(path, "--timeout", "2")
     assert one_line_error(code, err, "did not finish", "--timeout 2 s", "nothing written")
     assert time.monotonic() - start < 2 + guard.GRACE
+
+
+def test_the_deadline_stops_once_the_outputs_are_placed(tmp_path, capfd):  # fd level: the worker says it
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+
+    def placed_then_slow():  # OUT is in place; the lines and sidecars after it take past the deadline
+        guard.committing()
+        time.sleep(1.5)
+        return 0
+
+    assert guard.supervise(placed_then_slow, 1.0, str(scratch), None, "inspect") == 0
+    assert guard.supervise(lambda: time.sleep(1.5) or 0, 1.0, str(tmp_path / "s2"), None, "inspect") == 2
+    assert "did not finish within --timeout 1 s" in capfd.readouterr().err
 
 
 def test_inherited_hard_limits_are_kept_not_a_traceback(tmp_path):
@@ -98,9 +164,137 @@ def test_inherited_hard_limits_are_kept_not_a_traceback(tmp_path):
         resource.setrlimit(resource.RLIMIT_AS, (3 * gib, 3 * gib))
         resource.setrlimit(resource.RLIMIT_FSIZE, (gib, gib))
 
-    done = subprocess.run([sys.executable, "-m", "runtime.inspect", str(path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, preexec_fn=shell_limits)
+    done = run_inspect(path, preexec_fn=shell_limits)
     assert done.returncode == 0 and "vocabulary: table embedding 64 x 8" in done.stdout, done.stderr
+
+
+def test_the_parent_out_of_memory_under_a_shell_limit_is_one_line(tmp_path):
+    path = tmp_path / "big.onnx"  # 256 MiB inline: parsing it takes more than the limit leaves
+    onnx.save(transposed_head(np.ones((1 << 20, 64), np.float32)), path)
+    limit = 700 * 2**20
+
+    def shell_limit():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    code, _, err = inspect_cli(path, preexec_fn=shell_limit)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+# --- signals and crashes ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_leaves_nothing_behind(tmp_path, sig, code, word):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = tmp_path / "retied.onnx"
+    process = subprocess.Popen([sys.executable, "-m", "runtime.inspect",
+                                os.path.join(FIXTURES, "genai_fp32", "model.onnx"), "--retie", str(out)], cwd=ROOT,
+                               env=dict(os.environ, TMPDIR=str(scratch)), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))  # a background job (CI)
+                               # inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
+    deadline = time.monotonic() + 60
+    while not [n for n in os.listdir(scratch) if n.startswith("onnx-lab-")] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    process.send_signal(sig)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode == code and word in err and "Traceback" not in err, err
+    # onnxruntime itself leaves files there on any run (1.32: .ses, a session id; 1.30: mat-debug-PID.log): what
+    # must go is the tool's own scratch folder
+    assert not [n for n in os.listdir(scratch) if n.startswith(("onnx-lab-", "tmp"))] and not out.exists()
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".saving-")]
+    children = subprocess.run(["pgrep", "-f", str(scratch)], capture_output=True, text=True).stdout
+    assert children == ""  # no isolated child outlives the tool
+
+
+def test_a_hang_up_leaves_nothing_behind(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    process = subprocess.Popen([sys.executable, "-m", "runtime.inspect",
+                                os.path.join(FIXTURES, "genai_fp32", "model.onnx")], cwd=ROOT,
+                               env=dict(os.environ, TMPDIR=str(scratch)), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGHUP,
+                                                                                                   signal.SIG_DFL))
+    deadline = time.monotonic() + 60
+    while not os.listdir(scratch) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    process.send_signal(signal.SIGHUP)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode == 129 and "SIGHUP" in err and err.count("\n") == 1, err
+    assert os.listdir(scratch) == []
+
+
+def under_way(scratch, most=60):
+    """Wait until inspect's first onnxruntime child has its job: the work is under way, two more children to come
+    (a fixed second's sleep once let the leaner inspect finish first, exit 0)."""
+    deadline = time.monotonic() + most
+    while not glob.glob(os.path.join(scratch, "*", "*job.json")) and time.monotonic() < deadline:  # a folder may go
+        time.sleep(0.01)
+
+
+def start(args, tmp_path, **kwargs):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    return scratch, subprocess.Popen([sys.executable, "-m", "runtime.inspect", *map(str, args)], cwd=ROOT,
+                                     env=dict(os.environ, TMPDIR=str(scratch)), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_an_inherited_ignored_sigchld_does_not_hang_the_command(tmp_path):
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    began = time.monotonic()
+    _, process = start([os.path.join(FIXTURES, "genai_fp32", "model.onnx"), "--retie", out, "--timeout", "120"],
+                       tmp_path, preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
+    err = process.communicate(timeout=300)[1]
+    assert process.returncode == 0 and "Traceback" not in err, err
+    assert time.monotonic() - began < 60 and out.exists()  # not the deadline plus grace
+
+
+def test_two_quick_interrupts_leave_one_line_and_nothing_behind(tmp_path):
+    model = os.path.join(FIXTURES, "genai_fp32", "model.onnx")
+    for gap in (0.0, 0.01, 0.03, 0.05, 0.2):
+        scratch, process = start([model], tmp_path, start_new_session=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        under_way(scratch)
+        os.killpg(process.pid, signal.SIGINT)  # as `kill -INT -- -PGID` twice: the worker gets each twice
+        time.sleep(gap)
+        os.killpg(process.pid, signal.SIGINT)
+        err = process.communicate(timeout=120)[1]
+        assert process.returncode == 130 and err.count("\n") == 1 and "Traceback" not in err, (gap, err)
+        assert os.listdir(scratch) == [], gap
+
+
+@pytest.mark.parametrize("sig, group", [(signal.SIGQUIT, True), (signal.SIGUSR1, False), (signal.SIGALRM, False)])
+def test_other_fatal_signals_are_one_line_and_leave_nothing(tmp_path, sig, group):
+    scratch, process = start([os.path.join(FIXTURES, "genai_fp32", "model.onnx")], tmp_path, start_new_session=True)
+    under_way(scratch)
+    (os.killpg if group else os.kill)(process.pid, sig)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode > 128 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert os.listdir(scratch) == []
+
+
+def test_a_worker_killed_while_placing_leaves_nothing_half_placed(tmp_path, capsys):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "other.onnx.data").write_bytes(b"someone else's")
+    (tmp_path / "scratch").mkdir()
+
+    def placing_then_killed():  # what graphs.save and sidecars leave at the moment a SIGKILL lands
+        staging = folder / f".saving-{os.getpid()}-x"
+        staging.mkdir()
+        (staging / "o.onnx.data").write_bytes(b"data")
+        os.link(staging / "o.onnx.data", folder / "o.onnx.data")  # the data placed, the model not yet
+        (folder / f".sidecar-{os.getpid()}-y").write_bytes(b"{}")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    code = guard.supervise(placing_then_killed, 60, str(tmp_path / "scratch"), str(folder), "inspect",
+                           str(folder / "o.onnx"))
+    assert code == 2 and "nothing written" in capsys.readouterr().err
+    assert sorted(os.listdir(folder)) == ["other.onnx.data"]
 
 
 def test_a_killed_command_takes_its_children_with_it(tmp_path):
@@ -128,74 +322,50 @@ def test_a_killed_command_takes_its_children_with_it(tmp_path):
 def test_onnxruntime_leaves_nothing_in_tmpdir(tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    done = subprocess.run([sys.executable, "-m", "runtime.inspect", str(tied(tmp_path / "m.onnx"))], cwd=ROOT,
-                          env=dict(os.environ, TMPDIR=str(scratch)), capture_output=True, text=True, timeout=300)
+    done = run_inspect(tied(tmp_path / "m.onnx"), env=dict(os.environ, TMPDIR=str(scratch)))
     assert done.returncode == 0, done.stderr
     assert os.listdir(scratch) == []  # onnxruntime's .ses and logs went to the scratch folder, removed with it
 
 
-def test_a_tiny_memory_limit_is_a_usage_error(tmp_path):
-    code, _, err = inspect_cli(tied(tmp_path / "m.onnx"), "--memory-limit", "0.000001")
-    assert one_line_error(code, err, "at least 0.25 GiB")
+# --- the child's own module -------------------------------------------------------------------------------------------
+
+def test_the_child_has_its_own_entry_module_and_the_package_imports_nothing():
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import runtime.inspect.sandbox.child"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "runtime.inspect.sandbox.child" in imported
+    assert not imported & {"runtime.inspect.cli", "runtime.inspect.retie.write", "onnxruntime"}
+    # the reader: neither onnxruntime nor the command line (the package's face is lazy)
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import runtime.inspect.read.model"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "runtime.inspect.read.model" in imported
+    assert not imported & {"runtime.inspect.cli", "runtime.inspect.sandbox.isolated", "onnxruntime"}
+    done = subprocess.run([sys.executable, "-W", "error", "-m", "runtime.inspect.sandbox.child", "/nonexistent/job.json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "RuntimeWarning" not in done.stderr and "FileNotFoundError" in done.stderr
 
 
-def test_a_fifo_or_folder_sidecar_does_not_block_retie(tmp_path):
-    folder = tmp_path / "model"
-    shutil.copytree(os.path.join(FIXTURES, "genai_fp32"), folder)
-    os.remove(folder / "genai_config.json")
-    os.mkfifo(folder / "genai_config.json")
-    (folder / "generation_config.json").mkdir()  # a folder where a file is looked for: skipped, not an error
-    start = time.monotonic()
-    code, out, err = inspect_cli(folder / "model.onnx", "--retie", tmp_path / "out" / "model.onnx", timeout=300)
-    assert code == 2 and "no such folder" in err  # OUT's folder is checked first
-    (tmp_path / "out").mkdir()
-    code, out, err = inspect_cli(folder / "model.onnx", "--retie", tmp_path / "out" / "model.onnx", timeout=300)
-    assert code == 0 and "Traceback" not in err, err
-    assert time.monotonic() - start < 240
-    copied = os.listdir(tmp_path / "out")
-    assert "genai_config.json" not in copied and "generation_config.json" not in copied  # not files to copy
+# --- feeds ------------------------------------------------------------------------------------------------------------
+
+def test_a_sliding_window_sets_the_proofs_past():
+    model = onnx.load(os.path.join(FIXTURES, "genai_gemma2_fp32", "model.onnx"), load_external_data=False)
+    shape = feeds.plan(model, os.path.join(FIXTURES, "genai_gemma2_fp32", "model.onnx"))
+    window = MADE["genai_gemma2_fp32"]["config"]["sliding_window"]
+    assert shape["past"] == window and shape["head_size"] == 16 and "window" in shape["why"]
+    entry = token_entry(findings(model_in("genai_gemma2_fp32")))
+    assert entry["in_memory"]["defaults"]["resident_bytes"] is not None  # the model ran on those feeds
 
 
-def test_a_dense_data_file_whose_range_tensors_share_is_not_sparse(tmp_path):
-    width = 1 << 16
-    rows = (65 << 20) // (4 * width)  # past the 64 MiB from which holes are looked for
-    table = np.ones((rows, width), np.float32)
-    (tmp_path / "data.bin").write_bytes(table.tobytes())
-    nodes, inits = [], []
-    for name in ("a", "b", "c"):  # three tensors over one range of a dense file
-        tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=table.shape)
-        tensor.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", "data.bin"), ("offset", "0"), ("length", str(table.nbytes))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
-        inits.append(tensor)
-        nodes.append(helper.make_node("Gather", [name, "ids"], [f"e{name}"]))
-    model = model_of(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])],
-                     [helper.make_tensor_value_info(f"e{n}", TensorProto.FLOAT, None) for n in "abc"], inits)
-    path = tmp_path / "m.onnx"
-    onnx.save(model, path)
-    assert sorted(load(path).tensors) == ["a", "b", "c"]  # read, not refused as sparse
-    os.truncate(tmp_path / "data.bin", 0)
-    os.truncate(tmp_path / "data.bin", table.nbytes)  # now it is a hole: refused
-    with pytest.raises(InspectError, match="sparse"):
-        load(path)
-
-
-def test_two_reties_to_one_out_never_both_claim_it(tmp_path):
-    tables = {name: graphs.make_table(16, 4, seed) for seed, name in enumerate("ab")}
-    for name, table in tables.items():  # heads through a Transpose: --retie has something to write
-        onnx.save(head_through([helper.make_node("Transpose", ["embedding"], ["t"], perm=[1, 0])], table),
-                  tmp_path / f"{name}.onnx")
-    for round_ in range(3):
-        out = tmp_path / f"out{round_}.onnx"
-        runs = {name: subprocess.Popen([sys.executable, "-m", "runtime.inspect", str(tmp_path / f"{name}.onnx"),
-                                        "--retie", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True) for name in tables}
-        answers = {name: (run.wait(timeout=300), *run.communicate()) for name, run in runs.items()}
-        winners = [name for name, (code, stdout, _) in answers.items() if code == 0 and f"wrote {out}" in stdout]
-        losers = [name for name, (code, _, err) in answers.items()
-                  if code == 2 and ("exists" in err or "appeared" in err)]
-        assert len(winners) == 1 and len(losers) == 1, answers
-        table = numpy_helper.to_array(next(t for t in onnx.load(out).graph.initializer if t.name == "embedding"))
-        assert table.tobytes() == tables[winners[0]].tobytes()  # OUT holds the winner's model, whole
-        assert not [n for n in os.listdir(tmp_path) if n.startswith(".saving-")]
+def test_plan_reads_windows_and_context_from_the_files_beside(tmp_path):
+    graph = helper.make_graph([helper.make_node("GroupQueryAttention", ["q"], ["y"], domain="com.microsoft",
+                                                local_window_size=48, num_heads=2, kv_num_heads=1)], "g",
+                              [helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 1, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 32])])
+    model = helper.make_model(graph)
+    path = tmp_path / "model.onnx"
+    assert feeds.plan(model, path)["past"] == 48
+    (tmp_path / "config.json").write_text(json.dumps({"sliding_window": 60, "max_position_embeddings": 62}))
+    shape = feeds.plan(model, path)
+    assert (shape["past"], shape["lengths"]) == (60, [1])  # 60 + 3 would pass the model's 62 positions
+    assert feeds.plan(model, path, past=7)["past"] == 7

@@ -1,0 +1,83 @@
+"""What inspect's report says (runtime.inspect.report): the words of its lines, names escaped so a model cannot
+write to the terminal, and --json equal to what the module's API finds."""
+import json
+import os
+
+import onnx
+import pytest
+
+import graphs
+from runtime import inspect
+from runtime.inspect.report import as_json
+from tests.helpers import (
+    FIXTURES,
+    TORCH_TABLE_BYTES,
+    findings,
+    inspect_cli,
+    inspected,
+    one_line_error,
+    renamed,
+    run_inspect,
+)
+
+HOSTILE = "emb\x1b]0;pwned\x07\x1b[2J\nvocabulary: forged\u2028x"
+
+
+def test_names_cannot_write_to_the_terminal(tmp_path):
+    path = tmp_path / "esc.onnx"
+    onnx.save(renamed(graphs.tied_logits(graphs.make_table(16, 8)), "embedding", HOSTILE), path)
+    code, out, err = inspect_cli(path)
+    assert code == 0, err
+    assert not any(c in out for c in "\x1b\x07\u2028") and "\\x1b]0;pwned\\x07" in out
+    assert not any(line.startswith("vocabulary: forged") for line in out.splitlines())
+    # on an ASCII terminal: the same report, every character of the name escaped (U+2028 too), nothing on stderr
+    done = run_inspect(path, env=dict(os.environ, PYTHONIOENCODING="ascii"))
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    assert done.stdout.isascii() and "\\u2028x 16 x 8 float32" in done.stdout
+    assert "vocabulary: table emb\\x1b]0;pwned\\x07\\x1b[2J\\nvocabulary: forged\\u2028x 16 x 8" in done.stdout
+    assert not any(line.startswith("vocabulary: forged") for line in done.stdout.splitlines())
+
+
+def test_control_characters_in_arguments_are_escaped(tmp_path):
+    model = os.path.join(FIXTURES, "torchscript_tied.onnx")
+    code, _, err = inspect_cli(model, "--bogus\x1b[2J")
+    assert one_line_error(code, err, "\\x1b[2J") and "\x1b" not in err
+
+
+def test_inspect_summarises_small_runtime_copies():
+    out = inspected(os.path.join(FIXTURES, "genai_fp32", "model.onnx")).stdout
+    assert "runtime copies under 4096 bytes: 2 (folded constants), 16 bytes in all" in out
+    assert "= lm_head.MatMul.weight transposed" in out
+
+
+def test_retie_reports_bytes_saved(tmp_path):
+    done = run_inspect(os.path.join(FIXTURES, "torchscript_tied.onnx"), "--retie", tmp_path / "r.onnx")
+    line = [l for l in done.stdout.splitlines() if l.startswith("retie: wrote")][0]
+    saved = int(line.split("(saved ")[1].split(")")[0])
+    # one table, less the tie's run-time view: five small nodes with their docs, and two shape constants
+    assert TORCH_TABLE_BYTES - 2048 <= saved <= TORCH_TABLE_BYTES
+
+
+MEASURED = ("resident_bytes", "anonymous_bytes", "file_bytes", "peak_bytes", "times_table")  # move between runs
+
+
+def unmeasured(vocabulary):
+    """Vocabulary entries without the resident-memory figures, which no two sessions share."""
+    return [{**v, "in_memory": {side: {k: x for k, x in held.items() if k not in MEASURED}
+                                for side, held in v["in_memory"].items()}} for v in vocabulary]
+
+
+@pytest.mark.parametrize("name", ["tied_logits.onnx", "untied_logits.onnx", "onehot_lookup.onnx"])
+def test_inspect_module_api_matches_cli(exported, tmp_path, name):
+    """inspect_model in this process and the command in its own find the same tables, heads, pairs and copies."""
+    info = inspect.inspect_model(str(exported / name), str(tmp_path))
+    assert [t["initializer"] for t in info["tables"]] == ["embedding"]
+    assert [h["initializer"] for h in info["heads"]] == {"tied_logits.onnx": ["embedding"],
+                                                         "untied_logits.onnx": ["lm_head"]}.get(name, [])
+    api = json.loads(json.dumps(as_json(info)))  # as --json would write it: tuples become lists
+    cli = findings(exported / name)
+    for key in ("onnxruntime", "file_bytes", "initializers", "pairs", "runtime_copies"):
+        assert cli[key] == api[key], key
+    assert unmeasured(cli["vocabulary"]) == unmeasured(api["vocabulary"])
+    assert [(p["table"], p["head"]) for p in cli["pairs"]] == [(t["initializer"], h["initializer"])
+                                                               for t in info["tables"] for h in info["heads"]]
