@@ -10,17 +10,12 @@ import onnx
 import pytest
 
 from graphs.storage import umask, write_text
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT, one_line_error
 
 
 def command(*args, timeout=120, **kwargs):
     done = subprocess.run([*args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
     return done.returncode, done.stdout, done.stderr
-
-
-def refused(code, err, *words):
-    return code == 2 and err.count("\n") == 1 and "Traceback" not in err and all(w in err for w in words)
 
 
 def physical():
@@ -41,9 +36,15 @@ def test_compare_refuses_an_output_it_cannot_write_before_the_run(tmp_path, args
     before = sorted(os.listdir(tmp_path))
     start = time.monotonic()
     code, _, err = command(sys.executable, "-m", "runtime.compare", *[a.format(tmp=tmp_path) for a in args])
-    assert refused(code, err, *words), err
+    assert one_line_error(code, err, *words), err
     assert time.monotonic() - start < 30  # at parsing, not after the run
     assert sorted(os.listdir(tmp_path)) == before and os.listdir(tmp_path / "held") == ["gather_lookup.onnx.data"]
+
+
+def test_compare_takes_a_negative_seed_as_the_table_does():
+    code, _, err = command(sys.executable, "-m", "runtime.compare", "--seed", "-1", "--vocab-size", "64", "--width",
+                           "8", "--format", "int4", timeout=300)
+    assert code == 0 and "Traceback" not in err, err
 
 
 def test_compare_json_follows_the_umask(tmp_path):
@@ -79,7 +80,7 @@ def test_export_refuses_a_size_it_cannot_hold_naming_the_bytes(tmp_path):
     code, _, err = command(sys.executable, "-m", "graphs.export", str(tmp_path / "out"), "--vocab-size", "100000",
                            "--width", "100000")
     need = 10 * 4 * 100000 * 100000  # the README's "about 10 float32 tables at once"
-    assert refused(code, err, f"would need about {need} bytes", "this machine has")
+    assert one_line_error(code, err, f"would need about {need} bytes", "this machine has")
     assert err.startswith("python -m graphs.export: error: --vocab-size 100000 x --width 100000 ")  # as argparse's
     assert not (tmp_path / "out").exists()
 
@@ -91,7 +92,7 @@ def test_export_and_compare_refuse_the_same_smallest_table_in_the_same_words(tmp
     for prog, module, *first in (("python -m graphs.export", "graphs.export", str(tmp_path / "out")),
                                  ("python -m runtime.compare", "runtime.compare")):
         code, out, err = command(sys.executable, "-m", module, *first, *args)
-        assert refused(code, err, words) and err.startswith(f"{prog}: error: ") and out == "", err
+        assert one_line_error(code, err, words) and err.startswith(f"{prog}: error: ") and out == "", err
     assert not (tmp_path / "out").exists()
 
 
@@ -114,7 +115,7 @@ def test_export_and_compare_take_the_smallest_table_and_one_default_block_size(t
 def test_export_into_a_folder_holding_a_data_file_is_refused(tmp_path):
     (tmp_path / "tied_logits.onnx.data").write_bytes(b"a user's data")
     code, _, err = command(sys.executable, "-m", "graphs.export", str(tmp_path))
-    assert refused(code, err, "tied_logits.onnx.data exists", "--force")
+    assert one_line_error(code, err, "tied_logits.onnx.data exists", "--force")
     assert os.listdir(tmp_path) == ["tied_logits.onnx.data"]
 
 
@@ -139,7 +140,7 @@ def test_sigterm_during_an_export_save_leaves_no_staged_file(tmp_path):
 def test_embed_refuses_a_size_it_cannot_hold_on_a_bare_python():
     vocab = physical() // (3 * 32 * 100) + 1
     code, _, err = command(sys.executable, "-I", "-S", "embed.py", "--vocab-size", str(vocab), "--width", "100")
-    assert refused(code, err, "embed.py", "would need about", "this machine has")
+    assert one_line_error(code, err, "embed.py", "would need about", "this machine has")
 
 
 def test_bench_refuses_outputs_it_cannot_write_before_measuring(tmp_path):
@@ -147,7 +148,7 @@ def test_bench_refuses_outputs_it_cannot_write_before_measuring(tmp_path):
                                                                       ["no such folder"])):
         start = time.monotonic()
         code, _, err = command(sys.executable, "-m", "runtime.bench", "--quick", *args)
-        assert refused(code, err, *words), err
+        assert one_line_error(code, err, *words), err
         assert time.monotonic() - start < 30
 
 

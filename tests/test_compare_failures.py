@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
 
 # compare runs a driver that makes graph building fail. cli.main always opens the second process (Pool(), enabled at
 # every size), and its first task, the untied head's reference, answers 4 x vocab logits and their bounds (about 70

@@ -1,12 +1,12 @@
 """runtime.compare at GPT-2's vocabulary: the main job at a size users care about, with external data."""
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
+
 VOCAB, WIDTH = 50257, 768
 
 

@@ -1,6 +1,5 @@
 """embed.py against hand-worked tables and independent recomputations (stdlib random, fixed seeds)."""
 import math
-import os
 import random
 import struct
 import subprocess
@@ -9,8 +8,8 @@ import sys
 import pytest
 
 import embed
+from tests.helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 M64 = (1 << 64) - 1
 
 # A hand-worked 4 x 2 table: row 3 is row 0 stretched twice; row 2 points the other way.

@@ -13,6 +13,7 @@ from onnx import helper, numpy_helper
 import embed
 import graphs
 from graphs.export import FILES
+from tests.helpers import ROOT
 
 U = 2.0**-24  # float32 unit roundoff
 V, D = 97, 24
@@ -272,7 +273,7 @@ def test_save_a_2_gib_table_and_load_it(tmp_path):
 
 def export(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "graphs.export", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd or os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                          text=True, cwd=cwd or ROOT)
 
 
 def test_export_writes_seven_graphs_and_refuses_to_overwrite(tmp_path):

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
+
 COMMANDS = {  # the command, the page that documents it, and the heading of the section holding its options
     ("-m", "runtime.compare"): ("docs/compare.md", "## Options"),
     ("-m", "graphs.export"): ("docs/export.md", "# The graphs"),

@@ -10,7 +10,8 @@ import sysconfig
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
+
 SOURCES = ["pyproject.toml", "README.md", "embed.py", "graphs", "reference", "runtime"]  # what the build reads
 COMMANDS = ["onnx-lab-inspect", "onnx-lab-compare", "onnx-lab-export"]
 MODULES = ["embed", "reference", "graphs", "runtime"]  # the top-level modules the README says it installs

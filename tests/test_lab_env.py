@@ -8,7 +8,9 @@ import zipfile
 
 import pytest
 
-LAB_ENV = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lab_env")
+from tests.helpers import ROOT
+
+LAB_ENV = os.path.join(ROOT, "lab_env")
 
 
 def make_wheel(folder, version):

@@ -12,8 +12,7 @@ import pytest
 from graphs.export import FILES
 from graphs.export import main as export
 from tests import netron_view
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
 
 if not netron_view.chromium() and os.environ.get("CI"):
     raise RuntimeError("chromium is missing on CI: .ci/run should have installed it")

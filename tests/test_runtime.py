@@ -14,8 +14,8 @@ import graphs
 import graphs.export
 import runtime
 from runtime import compare
+from tests.helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = graphs.make_table(50, 8, seed=3)
 SMALL = ["--vocab-size", "300", "--width", "24"]
 

@@ -15,7 +15,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT
+
 README = os.path.join(ROOT, "README.md")
 COMPARE = "embedding-onnx-lab compare:"
 _FLOAT = re.compile(r"\d+\.\d+(e[+-]?\d+)?|\d+e[+-]?\d+")
