@@ -2,12 +2,16 @@
 import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 
 import embed
 import graphs
 from runtime import bench
+from tests.helpers import ROOT
 
 
 def test_race_returns_a_time_for_every_contender():
@@ -33,15 +37,21 @@ def test_packed_rows_lookup_gives_the_references_rows_bit_for_bit():
     assert got.shape == (1, 5, 64) and got.view(np.uint32).tobytes() == want.view(np.uint32).tobytes()
 
 
-def test_bench_pieces_run_and_report(tmp_path):
-    results = {}
-    results["lookups"] = bench.bench_lookups([64], 8, 0.005)
-    results["format_lookups"] = bench.bench_format_lookups([64, 256], 8, 0.005)
-    results["packed_rows"] = bench.lookups.bench_packed_rows(256, [1, 8], 0.005)
-    results["head"] = bench.bench_head([(64, 32)], [1, 4], 0.005, str(tmp_path))
-    results["memory"] = bench.bench_memory([(256, 16)], str(tmp_path))
-    results["formats"] = bench.bench_formats([(256, 64)], 0.005, str(tmp_path))
-    results["floor"] = bench.bench_floor(0.005)
+@pytest.fixture(scope="module")
+def pieces(tmp_path_factory):
+    """Every section's figures at toy sizes, measured once for the tests below (each only reads them)."""
+    folder = str(tmp_path_factory.mktemp("bench"))
+    return {"lookups": bench.bench_lookups([64], 8, 0.005),
+            "format_lookups": bench.bench_format_lookups([64, 256], 8, 0.005),
+            "packed_rows": bench.lookups.bench_packed_rows(256, [1, 8], 0.005),
+            "head": bench.bench_head([(64, 32)], [1, 4], 0.005, folder),
+            "memory": bench.bench_memory([(256, 16)], folder),
+            "formats": bench.bench_formats([(256, 64)], 0.005, folder),
+            "floor": bench.bench_floor(0.005)}
+
+
+def test_bench_pieces_run_and_report(pieces):
+    results = pieces
     row = results["lookups"][0]
     assert row["onehot_multiplications"] == 8 * 64 * bench.WIDTH  # n x V x D, counted independently here
     assert [r["format"] for r in results["format_lookups"]] == list(embed.FORMATS)
@@ -59,11 +69,14 @@ def test_bench_pieces_run_and_report(tmp_path):
     assert [round(f) for f in floor] == [m["table_bytes"] for m in results["formats"]]
     float32 = results["formats"][0]
     assert float32["top8_overlap"] == 1.0 and float32["logit_error"] < 1e-3  # the float32 head against numpy's
-    text = bench.report(results)
-    for section in ("a/b. lookups", "b'. the lookup at every format", "b''. the int4 lookup two ways", "c. the tied head", "d. resident memory",
-                    "d'. the memory meeting", "e. per-run floor", "Runner.run(feeds) <= 1.0x"):
-        assert section in text
     json.dumps(results)  # everything --json writes is plain data
+
+
+@pytest.mark.parametrize("section", ["a/b. lookups", "b'. the lookup at every format", "b''. the int4 lookup two ways",
+                                     "c. the tied head", "d. resident memory", "d'. the memory meeting",
+                                     "e. per-run floor", "Runner.run(feeds) <= 1.0x"])
+def test_the_report_has_every_section(pieces, section):
+    assert section in bench.report(pieces)
 
 
 def known_figures(over=None):
@@ -94,14 +107,16 @@ def test_targets_judge_the_figures_they_are_given():
     assert missed[2].startswith("a lookup costs its rows") and "int4: 1.60x" in missed[2]
 
 
-def test_bad_output_paths_are_refused_before_measuring(tmp_path):
-    import subprocess
-    import sys
-    for args in (["--json", str(tmp_path)], ["--json", str(tmp_path / "missing" / "b.json")],
-                 ["--plot", str(tmp_path)]):
-        done = subprocess.run([sys.executable, "-m", "runtime.bench", *args], capture_output=True, text=True,
-                              timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+def bench_cli(*args):
+    return subprocess.run([sys.executable, "-m", "runtime.bench", *map(str, args)], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+
+
+@pytest.mark.parametrize("args", [["--json", "{tmp}"], ["--json", "{tmp}/missing/b.json"], ["--plot", "{tmp}"]],
+                         ids=["json-folder", "json-no-folder", "plot-folder"])
+def test_bad_output_paths_are_refused_before_measuring(tmp_path, args):
+    done = bench_cli(*[a.format(tmp=tmp_path) for a in args])
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert os.listdir(tmp_path) == []
 
 
@@ -119,16 +134,10 @@ def _tables(text):
     return found
 
 
-def test_markdown_writes_every_table_with_the_run_it_comes_from(tmp_path):
+def test_markdown_writes_every_table_with_the_run_it_comes_from(tmp_path, pieces):
     results = bench.cli.about(quick=True)
     results.update(seconds=12.0, command="python -m runtime.bench --quick")
-    results["lookups"] = bench.bench_lookups([64], 8, 0.005)
-    results["format_lookups"] = bench.bench_format_lookups([64, 256], 8, 0.005)
-    results["packed_rows"] = bench.lookups.bench_packed_rows(256, [1, 8], 0.005)
-    results["head"] = bench.bench_head([(64, 32)], [1, 4], 0.005, str(tmp_path))
-    results["memory"] = bench.bench_memory([(256, 16)], str(tmp_path))
-    results["formats"] = bench.bench_formats([(256, 64)], 0.005, str(tmp_path))
-    results["floor"] = bench.bench_floor(0.005)
+    results.update(pieces)
     page = tmp_path / "tables.md"
     bench.cli.write_markdown(str(page), results)  # a new file: every table, each in its region
     tables = _tables(page.read_text())
@@ -150,14 +159,12 @@ def test_markdown_writes_every_table_with_the_run_it_comes_from(tmp_path):
         "<!-- /bench -->\n\nWords after.\n") and "stale" not in text and list(_tables(text)) == ["floor"]
 
 
-def test_markdown_refuses_a_page_it_cannot_fill_before_measuring(tmp_path):
-    import subprocess
-    import sys
-    (tmp_path / "plain.md").write_text("no regions here\n")
-    (tmp_path / "odd.md").write_text("<!-- bench:nonsense -->\n<!-- /bench -->\n")
-    for name, words in (("plain.md", "holds no <!-- bench:NAME -->"), ("odd.md", "no table named 'nonsense'")):
-        done = subprocess.run([sys.executable, "-m", "runtime.bench", "--markdown", str(tmp_path / name)],
-                              capture_output=True, text=True, timeout=60,
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
-        assert done.stderr.startswith("python -m runtime.bench: error: --markdown ")
+@pytest.mark.parametrize("text, words", [("no regions here\n", "holds no <!-- bench:NAME -->"),
+                                         ("<!-- bench:nonsense -->\n<!-- /bench -->\n", "no table named 'nonsense'")],
+                         ids=["no-region", "unknown-region"])
+def test_markdown_refuses_a_page_it_cannot_fill_before_measuring(tmp_path, text, words):
+    (tmp_path / "page.md").write_text(text)
+    done = bench_cli("--markdown", tmp_path / "page.md")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and words in done.stderr, done.stderr
+    assert done.stderr.startswith("python -m runtime.bench: error: --markdown ")
+    assert (tmp_path / "page.md").read_text() == text  # refused before measuring: the page as it was
