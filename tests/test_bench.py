@@ -50,6 +50,7 @@ def pieces(tmp_path_factory):
             "floor": bench.bench_floor(0.005)}
 
 
+@pytest.mark.slow
 def test_bench_pieces_run_and_report(pieces):
     results = pieces
     row = results["lookups"][0]
@@ -72,6 +73,7 @@ def test_bench_pieces_run_and_report(pieces):
     json.dumps(results)  # everything --json writes is plain data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("section", ["a/b. lookups", "b'. the lookup at every format", "b''. the int4 lookup two ways",
                                      "c. the tied head", "d. resident memory", "d'. the memory meeting",
                                      "e. per-run floor", "Runner.run(feeds) <= 1.0x"])
@@ -134,6 +136,7 @@ def _tables(text):
     return found
 
 
+@pytest.mark.slow
 def test_markdown_writes_every_table_with_the_run_it_comes_from(tmp_path, pieces):
     results = bench.cli.about(quick=True)
     results.update(seconds=12.0, command="python -m runtime.bench --quick")

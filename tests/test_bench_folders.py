@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import FIXTURES, ROOT
 
 SPLIT = os.path.join(FIXTURES, "folders", "split_gpt2")
@@ -15,6 +17,7 @@ def run(*args):
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_a_split_folder_before_and_after_its_retie(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("before\n<!-- bench:folders -->\nSTALE ROWS\n<!-- /bench -->\nafter\n")

@@ -119,6 +119,7 @@ def test_export_into_a_folder_holding_a_data_file_is_refused(tmp_path):
     assert os.listdir(tmp_path) == ["tied_logits.onnx.data"]
 
 
+@pytest.mark.slow
 def test_sigterm_during_an_export_save_leaves_no_staged_file(tmp_path):
     out = tmp_path / "out"
     process = subprocess.Popen([sys.executable, "-m", "graphs.export", str(out), "--vocab-size", "131072",

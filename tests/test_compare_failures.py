@@ -118,6 +118,7 @@ def test_a_failed_build_ends_while_the_second_process_sends(tmp_path, run):
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts processes by session in /proc")
 def test_a_failed_build_at_the_size_reported_ends(tmp_path):
     # issue 29: 300000 x 16, failing as soon as graph building starts; GLIBC_TUNABLES already set keeps compare

@@ -44,6 +44,7 @@ def test_make_table_packed_rows_equal_mix64_value_by_value(vocab, width, seed):
             assert table[row][col] == ((z >> 41) * 2 - (2**23 - 1)) / 2**23
 
 
+@pytest.mark.slow
 def test_make_table_far_rows_equal_mix64():
     row = 2**20 + 17  # a row of a large vocabulary: the counter's row part is well past 32 bits of golden
     table = embed.make_table(row + 1, 3, 1)

@@ -12,6 +12,8 @@ import pytest
 
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.slow  # every test here shares a throwaway venv with the project installed (~10 s to build)
+
 SOURCES = ["pyproject.toml", "README.md", "embed.py", "graphs", "reference", "runtime"]  # what the build reads
 COMMANDS = ["onnx-lab-inspect", "onnx-lab-compare", "onnx-lab-export"]
 MODULES = ["embed", "reference", "graphs", "runtime"]  # the top-level modules the README says it installs

@@ -71,6 +71,7 @@ def one_error_line(stderr):
 VERSION = ["-c", "import labprobe; print(labprobe.VERSION)"]
 
 
+@pytest.mark.slow
 def test_lab_env_first_run_creates_second_installs_nothing(repo, tmp_path):
     lab = tmp_path / "lab"
     lab.mkdir()  # an empty folder is a fine place for it
@@ -86,6 +87,7 @@ def test_lab_env_first_run_creates_second_installs_nothing(repo, tmp_path):
     assert (lab / ".lab-install.log").stat().st_mtime_ns == log_mtime  # pip never ran
 
 
+@pytest.mark.slow
 def test_lab_env_changed_requirement_updates_failed_update_keeps_previous(repo, tmp_path):
     lab = tmp_path / "lab"
     assert call(repo, lab, *VERSION).stdout == "1.0\n"
@@ -104,6 +106,7 @@ def test_lab_env_changed_requirement_updates_failed_update_keeps_previous(repo, 
     assert "labprobe==2.0" in (lab / ".lab-requirements.txt").read_text()
 
 
+@pytest.mark.slow
 def test_lab_env_half_built_never_looks_complete(repo, tmp_path):
     lab = tmp_path / "lab"
     pin(repo, "9.9")
@@ -114,6 +117,7 @@ def test_lab_env_half_built_never_looks_complete(repo, tmp_path):
     assert call(repo, lab, *VERSION).stdout == "1.0\n"  # the next call finishes the job
 
 
+@pytest.mark.slow
 def test_lab_env_two_first_runs_at_once(repo, tmp_path):
     lab = tmp_path / "lab"
     env = dict(os.environ, ONNX_LAB=str(lab))
@@ -124,6 +128,7 @@ def test_lab_env_two_first_runs_at_once(repo, tmp_path):
     assert sum("building" in err for _, err, _ in results) == 1  # one built, the other waited
 
 
+@pytest.mark.slow
 def test_lab_env_passes_arguments_stdin_and_exit_status(repo, tmp_path):
     lab = tmp_path / "lab"
     script = ("import sys, rootmodule; print(sys.argv[1:], rootmodule.WHERE, sys.stdin.read());"

@@ -67,6 +67,7 @@ def test_export_netron_refuses_a_taken_port_before_writing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_netron_renders_the_exported_graphs(tmp_path):
     assert export([str(tmp_path), "--vocab-size", "64", "--width", "8"]) == 0

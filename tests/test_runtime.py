@@ -284,6 +284,7 @@ def test_compare_bad_input_exit_2_one_line(args):
     assert done.stdout == "" and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_compare_progress_only_on_a_terminal():
     import pty
     leader, follower = pty.openpty()

@@ -220,14 +220,14 @@ def copies_of_the_table(folder, files):
     return {(f, name) for f in files for name, a in tensors[f].items() if a.ndim == 2 and same(a)}
 
 
-@pytest.mark.parametrize("name, files", [
+@pytest.mark.parametrize("name, files", [  # a merged and a split layout in the fast loop
     ("optimum_t5", ["encoder_model.onnx", "decoder_model_merged.onnx"]),
-    ("optimum_bart", ["encoder_model.onnx", "decoder_model_merged.onnx"]),
-    ("optimum_marian", ["encoder_model.onnx", "decoder_model_merged.onnx"]),
-    ("optimum_m2m100", ["encoder_model.onnx", "decoder_model_merged.onnx"]),
-    ("optimum_whisper", ["encoder_model.onnx", "decoder_model_merged.onnx"]),
+    pytest.param("optimum_bart", ["encoder_model.onnx", "decoder_model_merged.onnx"], marks=pytest.mark.slow),
+    pytest.param("optimum_marian", ["encoder_model.onnx", "decoder_model_merged.onnx"], marks=pytest.mark.slow),
+    pytest.param("optimum_m2m100", ["encoder_model.onnx", "decoder_model_merged.onnx"], marks=pytest.mark.slow),
+    pytest.param("optimum_whisper", ["encoder_model.onnx", "decoder_model_merged.onnx"], marks=pytest.mark.slow),
     ("split_gpt2", ["embed_tokens.onnx", "decoder_model.onnx"]),
-])
+], ids=["optimum_t5", "optimum_bart", "optimum_marian", "optimum_m2m100", "optimum_whisper", "split_gpt2"])
 def test_a_shipped_folder_holds_its_table_where_the_files_say(name, files):
     # failed on the main before issue 30: a folder was "not a regular file"
     folder = os.path.join(FOLDERS, name)
@@ -242,6 +242,7 @@ def test_a_shipped_folder_holds_its_table_where_the_files_say(name, files):
     assert run_inspect(folder, "--check").returncode == 1  # held more than once: what --check is for
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, finding", [("wrong_tie_gpt2", "wrong_tie"), ("lost_tie_gpt2", "lost_tie")])
 def test_the_two_config_mismatches(name, finding):
     folder = os.path.join(FOLDERS, name)
@@ -254,6 +255,7 @@ def test_the_two_config_mismatches(name, finding):
 
 # --- retying inside If branches ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_retie_a_merged_decoder_reads_the_table_in_place_in_both_branches(tmp_path):
     # failed on the main before issue 30 (no table found); then "found and counted, not rewritten"
     onnx.save(merged_decoder(), tmp_path / "merged.onnx")
@@ -272,6 +274,7 @@ def test_retie_a_merged_decoder_reads_the_table_in_place_in_both_branches(tmp_pa
         assert np.all(np.abs(logits - exact) <= 2 * bound + 2.0**-23 * np.abs(exact)), flag  # h rounded too
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["optimum_t5", "optimum_whisper", "optimum_gpt2_legacy_merged"])
 def test_retie_a_real_merged_decoder_holds_one_table(name, tmp_path):
     source = os.path.join(FOLDERS, name, "decoder_model_merged.onnx")
@@ -293,6 +296,7 @@ def external(path, name):
     return info["location"], int(info.get("offset", 0)), int(info["length"])
 
 
+@pytest.mark.slow
 def test_retie_a_folder_stores_the_table_once_for_every_file(tmp_path):
     # failed on the main before issue 30: a folder was "not a regular file"
     source = os.path.join(FOLDERS, "optimum_t5")
@@ -392,6 +396,7 @@ def with_head_input(path, out):
     return head.input[0]
 
 
+@pytest.mark.slow
 def test_retie_a_split_folder_points_the_decoders_head_at_the_lookups_table(tmp_path):
     # said "left as it is (a head is not yet pointed at another file's table)" before
     import onnxruntime as ort
@@ -426,6 +431,7 @@ def test_retie_a_split_folder_points_the_decoders_head_at_the_lookups_table(tmp_
     assert not np.array_equal(logits, np.zeros_like(logits))
 
 
+@pytest.mark.slow
 def test_retie_a_genai_folder_keeps_its_config_naming_the_decoder(tmp_path):
     out = tmp_path / "out"
     done = run_inspect(os.path.join(FIXTURES, "genai_fp32"), "--retie", out)
@@ -488,6 +494,7 @@ def split_with_quantized_head(tmp_path, codes_of):
     return where, codes, scale
 
 
+@pytest.mark.slow
 def test_a_quantized_head_in_another_file_is_a_quantized_copy_of_the_table(tmp_path):
     # two files' codes and floats were not related across files before
     rounded = lambda t, s: np.clip(np.round(t / s[:, None]), -127, 127).astype(np.int8)

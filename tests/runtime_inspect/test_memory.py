@@ -108,7 +108,7 @@ def test_inspect_genai_fp16_counts_the_float32_copy():
 
 # --- onnxruntime-genai's runtime --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fixture", ["genai_fp32", "genai_int4"])
+@pytest.mark.parametrize("fixture", ["genai_fp32", pytest.param("genai_int4", marks=pytest.mark.slow)])
 def test_genai_generates_the_same_tokens_after_retie(fixture, tmp_path):
     source = os.path.join(FIXTURES, fixture)
     out = tmp_path / "retied" / "model.onnx"

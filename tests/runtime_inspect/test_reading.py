@@ -38,6 +38,7 @@ from tests.helpers import (
     transposed_head,
 )
 
+
 # --- files that are not models ----------------------------------------------------------------------------------------
 
 def test_bad_inputs_exit_2(tmp_path):
@@ -675,6 +676,7 @@ def test_the_fuzzer_tells_a_hang_from_an_answer(tmp_path, monkeypatch):
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.slow
 def test_fuzz_inspect(tmp_path):
     seeds = _seeds(tmp_path)
     codes = [run_case(seeds, i, tmp_path)[0] for i in range(FUZZ_CASES)]

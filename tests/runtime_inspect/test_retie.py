@@ -157,6 +157,7 @@ def test_view_target_is_never_a_constant_whatever_the_anchor():
 
 # --- one rule for what is rewritten -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ids_shape", [("batch", "seq"), (2, 5)])
 def test_retie_a_shared_head_that_prepacks_its_table(ids_shape, tmp_path):
     # failed on the main before issue 29: "2 copies" measured, then "retie: nothing to do"
@@ -167,6 +168,7 @@ def test_retie_a_shared_head_that_prepacks_its_table(ids_shape, tmp_path):
     assert "nothing to do" not in stdout
 
 
+@pytest.mark.slow
 def test_retie_a_onehot_table_with_a_duplicated_head(tmp_path):
     # failed on the main before issue 29: "pair table / head: duplicate", then "retie: nothing to do"
     source = onehot_duplicate(tmp_path)
@@ -207,8 +209,9 @@ def head_input(model):
     return [n for n in model.graph.node if n.op_type == "MatMul"][-1].input[0]
 
 
-@pytest.mark.parametrize("name", ["torchscript_tied", "dynamo_tied", "dynamo_tied_large", "torchscript_tied_static",
-                                  "dynamo_tied_static", "dynamo_tied_large_static"])
+@pytest.mark.parametrize("name", ["torchscript_tied", "dynamo_tied_static"] + [  # one of each exporter in the fast loop
+    pytest.param(n, marks=pytest.mark.slow) for n in ("dynamo_tied", "dynamo_tied_large", "torchscript_tied_static",
+                                                      "dynamo_tied_large_static")])
 def test_retie_torch_exports(name, tmp_path):
     # the static-shape ones (ids [2, 5]) failed before issue 29: the view's Shape(hidden) folded into a second table
     source = os.path.join(FIXTURES, name + ".onnx")
@@ -267,6 +270,7 @@ def test_retie_genai_fp32_keeps_one_table(tmp_path):
     logits_against_exact(source, out, "lm_head.MatMul.weight", lambda w: w.T, {"input_ids": VOCAB}, head_size=16)
 
 
+@pytest.mark.slow
 def test_retie_genai_int4_gathers_the_packed_codes_in_place(tmp_path):
     source = os.path.join(FIXTURES, "genai_int4", "model.onnx")
     out = tmp_path / "retied.onnx"
@@ -295,6 +299,7 @@ def test_retie_genai_int4_gathers_the_packed_codes_in_place(tmp_path):
         assert a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8)), name
 
 
+@pytest.mark.slow
 def test_retie_optimum_gpt2_keeps_one_table(tmp_path):
     source = model_in("optimum_gpt2")
     (pair,) = [p for p in findings(source)["pairs"] if p["relation"] != "distinct"]  # test_findings.py says which
@@ -305,6 +310,7 @@ def test_retie_optimum_gpt2_keeps_one_table(tmp_path):
     logits_against_exact(source, out, pair["head"], lambda w: w.T, {"input_ids": VOCAB}, head_size=None)
 
 
+@pytest.mark.slow
 def test_retie_optimum_without_kv_cache(tmp_path):
     source = os.path.join(FIXTURES, "optimum_gpt2_nokv", "model.onnx")
     assert not [i for i in onnx.load(source).graph.input if "past" in i.name]
@@ -317,6 +323,7 @@ def test_retie_optimum_without_kv_cache(tmp_path):
     logits_against_exact(source, out, pair["head"], lambda w: w.T, {"input_ids": VOCAB}, head_size=None)
 
 
+@pytest.mark.slow
 def test_gemma2_soft_capped_head_is_retied_and_proven(tmp_path):
     source = os.path.join(FIXTURES, "genai_gemma2_fp32", "model.onnx")
     out = tmp_path / "retied.onnx"
@@ -350,6 +357,7 @@ def test_a_model_that_cannot_run_is_never_blamed_on_the_retie(tmp_path):
     assert bad.returncode == 2 and "--proof-past" in bad.stderr
 
 
+@pytest.mark.slow
 def test_retie_a_padded_int4_export_stays_tied_and_holds_the_codes_once(tmp_path):
     config = MADE["genai_llama_int4_padded"]["config"]
     source = model_in("genai_llama_int4_padded")
@@ -394,6 +402,7 @@ def test_inputs_that_cannot_be_fed_mean_it_cannot_be_proven_here(tmp_path):
     assert not (tmp_path / "out.onnx").exists()
 
 
+@pytest.mark.slow
 def test_retie_streams_tables_instead_of_loading_them(tmp_path):
     """The genai fp32 form with a 128 MiB external table, retied in this process: the table is transposed and
     written a block at a time (never whole in memory), and what is written is the table, bit for bit."""
@@ -422,6 +431,7 @@ def test_retie_streams_tables_instead_of_loading_them(tmp_path):
     assert np.array_equal(numpy_helper.to_array(rows).view(np.uint32), weight.T.view(np.uint32))
 
 
+@pytest.mark.slow
 def test_a_retie_past_thousands_of_dead_nodes_is_quick(tmp_path):
     model = onnx.load(os.path.join(FIXTURES, "torchscript_tied.onnx"))
     previous = model.graph.input[0].name
@@ -572,6 +582,7 @@ def test_out_that_appears_while_writing_is_never_replaced(tmp_path, monkeypatch)
     assert sorted(os.listdir(tmp_path)) == ["out.onnx"]
 
 
+@pytest.mark.slow
 def test_two_reties_to_one_out_never_both_claim_it(tmp_path):
     tables = {name: graphs.make_table(16, 4, seed) for seed, name in enumerate("ab")}
     for name, table in tables.items():  # heads through a Transpose: --retie has something to write

@@ -37,6 +37,7 @@ from tests.helpers import (
     transposed_head,
 )
 
+
 # --- changed files ----------------------------------------------------------------------------------------------------
 
 def test_a_model_swapped_after_the_check_is_never_run(tmp_path):
