@@ -21,7 +21,15 @@ _HOMES = {"main": "cli", "bench_floor": "head", "bench_head": "head", "WIDTH": "
 __all__ = sorted(_HOMES)
 
 
+_MODULES = {"cli", "folders", "formats", "head", "lookups", "markdown", "memory", "page", "probes", "report", "timing"}
+
+
 def __getattr__(name):
+    """A name of _HOMES, imported on first use and kept (a function named like its module, `report`, then stays
+    the function: importing the module sets the package's attribute to the module first); or a submodule."""
     if name in _HOMES:
-        return getattr(importlib.import_module(f"runtime.bench.{_HOMES[name]}"), name)
+        value = globals()[name] = getattr(importlib.import_module(f"runtime.bench.{_HOMES[name]}"), name)
+        return value
+    if name in _MODULES:
+        return importlib.import_module(f"runtime.bench.{name}")
     raise AttributeError(f"module 'runtime.bench' has no attribute {name!r}")
