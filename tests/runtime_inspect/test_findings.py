@@ -5,6 +5,8 @@ versions and Hugging Face's own parameter counts in more_fixtures.json)."""
 import json
 import math
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -16,6 +18,7 @@ import graphs
 from graphs.export import FILES
 from tests.helpers import (
     FIXTURES,
+    ROOT,
     MADE,
     TORCH_TABLE_BYTES,
     VOCAB,
@@ -314,3 +317,15 @@ def test_int8_and_uint8_with_zero_point_128_are_one_table(tmp_path):
         assert pair["relation"] == relation
         if relation != "distinct":
             assert pair["wasted_bytes"] == 40 * 16 + 40 * 4 + 40  # the uint8 codes, float32 scales, zero points
+
+
+def test_a_block_wider_than_the_row_leaves_the_table_its_own_width(tmp_path):
+    # was "256 x 32 int4" for codes stored [256, 8] (block 32), and the head then went unpaired
+    done = subprocess.run([sys.executable, "-m", "graphs.export", str(tmp_path), "--width", "8", "--format", "int4"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    codes = [t for t in onnx.load(tmp_path / "tied_logits.onnx").graph.initializer if t.name == "embedding"]
+    assert [list(t.dims) for t in codes] == [[256, 8]]
+    (entry,) = findings(tmp_path / "tied_logits.onnx", "--static")["vocabulary"]
+    assert (entry["vocab_size"], entry["width"], entry["format"]) == (256, 8, "int4")
+    assert entry["tied"] and entry["tie_relation"] == "shared"
