@@ -3,14 +3,9 @@ them, the constant its looked-up rows are multiplied by (Gemma's sqrt(width)), a
 positions."""
 import math
 
-from onnx import TensorProto
-
 from runtime.inspect.graph.constants import constant
 from runtime.inspect.graph.walk import lookup_ids
-from runtime.inspect.read.model import FLOATS
-
-
-_CODES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT4, TensorProto.UINT4)
+from runtime.inspect.read.model import CODES, FLOATS
 
 # Inputs that hold quantization scales and zero points (not parameters), by op: the codes beside them are.
 _QUANT_INPUTS = {"DequantizeLinear": (1, 2), "MatMulNBits": (2, 3, 4), "GatherBlockQuantized": (2, 3),
@@ -45,7 +40,7 @@ def parameters(model, tables, heads, pairs):
             continue
         if tensor.name in logical:
             count += logical[tensor.name]
-        elif tensor.data_type in FLOATS or (tensor.data_type in _CODES and tensor.name in decoded):
+        elif tensor.data_type in FLOATS or (tensor.data_type in CODES and tensor.name in decoded):
             count += tensor.elements
     return count, ("float weights and quantized codes (a duplicated head once; scales, zero points, rotary caches "
                    "and integer constants not counted)")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import AttributeProto, TensorProto
 
-from runtime.inspect.read.model import label
+from runtime.inspect.read.model import BYTE_CODES, CODES, label
 from runtime.inspect.read.text import InspectError
 
 _VALUES_AT_ONCE = 8 * 2**20  # float64 values decoded at a time
@@ -52,7 +52,7 @@ def _stored_codes(tensor, t0, t1, tokens_axis):
     if signed is None or len(tensor.dims) != 2:
         return None
     rows, cols = tensor.dims
-    if tensor.data_type in (TensorProto.INT8, TensorProto.UINT8):
+    if tensor.data_type in BYTE_CODES:
         values = tensor.values()
         part = values[t0:t1] if tokens_axis == 0 else values[:, t0:t1].T
         return part.astype(np.int16)
@@ -249,7 +249,7 @@ def gathered_quant(model, codes, node, flipped, width, producer, consumers):
     by); None otherwise."""
     out = node.output[0] if node.output else None
     readers = consumers.get(out, [])
-    if len(readers) != 1 or model.tensors[codes].data_type not in (TensorProto.INT8, TensorProto.UINT8):
+    if len(readers) != 1 or model.tensors[codes].data_type not in BYTE_CODES:
         return None
     reader = readers[0]
     if reader.op_type == "DequantizeLinear" and reader.input[0] == out:
@@ -268,8 +268,7 @@ def dq_quant(model, codes, consumers, as_table, width):
     """The Quant of a head read through DequantizeLinear (QDQ): its scale, zero point, axis and block."""
     node = next((n for n in consumers.get(codes, []) if n.op_type == "DequantizeLinear" and n.input[0] == codes),
                 None)
-    if node is None or model.tensors[codes].data_type not in (TensorProto.INT8, TensorProto.UINT8,
-                                                              TensorProto.INT4, TensorProto.UINT4):
+    if node is None or model.tensors[codes].data_type not in CODES:
         return None
     tokens_axis = 0 if as_table else 1
     block = attribute(node, "block_size", 0)

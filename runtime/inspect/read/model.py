@@ -21,6 +21,8 @@ from graphs.storage import (
 from runtime.inspect.read.text import InspectError
 
 FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)  # the float types
+BYTE_CODES = (TensorProto.INT8, TensorProto.UINT8)  # integer codes a byte each
+CODES = BYTE_CODES + (TensorProto.INT4, TensorProto.UINT4)  # and the packed 4-bit ones
 _MAX_ELEMENTS = 2**62  # past this a product of dims is nonsense whatever the file holds
 
 _SPARSE_FROM = 64 * 2**20  # below this, holes (alignment padding) are not worth a finding
