@@ -21,6 +21,7 @@ import time
 
 from runtime.bench import page
 from runtime.inspect.examine_folder import inspect_folder
+from runtime.inspect.findings.across import disk_bytes
 from runtime.inspect.sandbox import isolated, memory
 
 TARGET = 1.15  # the retied folder's Pss growth over its distinct weight bytes, at most
@@ -61,14 +62,6 @@ def _distinct_bytes(result):
     return sum(seen.values())
 
 
-def _disk(result):
-    files = {}
-    for item in result["items"]:
-        files[os.path.realpath(item["model"].path)] = item["model"].checked["size"]
-        files.update({path: identity[2] for path, identity in item["model"].checked["files"].items()})
-    return sum(files.values())
-
-
 def _token(found):
     return next(v for v in found["across_files"]["vocabulary"] if v["kind"] == "token")
 
@@ -98,7 +91,7 @@ def measure(folder):
                 "copies_in_memory": [was["copies"], now["copies"]],
                 "pss_bytes": [was["resident_bytes"], now["resident_bytes"]],
                 "times_weights": [round(was["resident_bytes"] / weights, 2), round(now["resident_bytes"] / weights, 2)],
-                "disk_bytes": [_disk(exported), _disk(retied)],
+                "disk_bytes": [disk_bytes(exported["items"]), disk_bytes(retied["items"])],
                 "inspect_s": round(inspect_s, 2), "sessions_s": round(sessions_s, 2), "retie_s": round(retie_s, 2),
                 "inspect_over_sessions": round(inspect_s / sessions_s, 2), "onnxruntime": before["onnxruntime"]}
 

@@ -44,12 +44,9 @@ def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static
     each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. Each file gets a folder of its own
     in `scratch`; `static`: onnxruntime is never started (nothing counted in memory)."""
     files, rule = client_files(folder, chosen)
-    if static:
-        where = [os.path.join(scratch, f"file{i}") for i in range(len(files))]
-        for path in where:
-            os.mkdir(path)
-        items, measured = _items(files, [examine.inspect_model(os.path.join(folder, name), w, limits, proof_past,
-                                                               static=True) for name, w in zip(files, where)]), {}
+    if static:  # from the files alone: nothing is written, so no scratch folder is made
+        items, measured = _items(files, [examine.inspect_model(os.path.join(folder, name), None, limits, proof_past,
+                                                               static=True) for name in files]), {}
     else:
         items, measured = _examined(folder, files, scratch, limits, proof_past)
     across = relate_files(items)

@@ -194,3 +194,14 @@ def folder_held_twice(result):
     return any(held_twice(it["info"]) for it in result["items"]) or any(
         v["copies_on_disk"] > 1 or (v["in_memory"]["defaults"]["copies"] or 0) > 1 or v["tie_finding"]
         for v in result["across"]["vocabulary"])
+
+
+def disk_bytes(items):
+    """The bytes on disk of a folder's client files (items [{model}]) and the data files they name, each data file
+    once (two files may share one)."""
+    files = {}
+    for item in items:
+        model = item["model"]
+        files[os.path.realpath(model.path)] = model.checked["size"]
+        files.update({path: identity[2] for path, identity in model.checked["files"].items()})
+    return sum(files.values())

@@ -8,6 +8,7 @@ from onnx import TensorProto
 
 from graphs.together import save_together
 from runtime.inspect.findings import counting
+from runtime.inspect.findings.across import disk_bytes
 from runtime.inspect.findings.relations import stored_as_table
 from runtime.inspect.read import sidecars
 from runtime.inspect.read.sidecars import GENAI_CONFIG
@@ -49,7 +50,7 @@ def retie_folder(result, out, scratch, limits, say):
     limits.progress(f"writing {out}")
     written = save_together(models, out, DATA)
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
-    before = _disk_bytes(result)
+    before = disk_bytes(result["items"])
     after = sum(os.path.getsize(p) for p in written)
     say(f"retie: wrote {out}: {len(models)} file(s) and one {DATA} they share: {before} -> {after} bytes on disk "
         f"(saved {before - after})\n")
@@ -122,16 +123,6 @@ def _why_not_borrowed(table, head):
     if "Reshape" in head["views"]:
         return "read through a Reshape that is not the table's own shape"
     return None
-
-
-def _disk_bytes(result):
-    """The client's files and the data files they name, each data file once (two files may share one)."""
-    files = {}
-    for item in result["items"]:
-        model = item["model"]
-        files[os.path.realpath(model.path)] = model.checked["size"]
-        files.update({path: identity[2] for path, identity in model.checked["files"].items()})
-    return sum(files.values())
 
 
 def _say_memory(vocabulary, measured, say):

@@ -43,9 +43,6 @@ def measure_together(parts, folder, limits, model_bytes):
     measured = {}
     for setting, prepacking in SETTINGS.items():
         job = {"kind": "measure_together", "files": parts, "prepacking": prepacking, "folder": folder}
-        try:
-            measured[setting] = isolated.call(job, f"running every file once in one process ({setting})", limits,
-                                              model_bytes)
-        except isolated.StepFailed as e:
-            measured[setting], measured["error"] = None, str(e).split(": ", 1)[-1]
+        _collect(measured, setting, isolated.start(job, f"running every file once in one process ({setting})",
+                                                   limits, model_bytes))  # one after the other: Pss is shared
     return measured

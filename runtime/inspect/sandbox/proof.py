@@ -112,7 +112,7 @@ def prove(job):
     head_of = {output: (hidden, table) for output, hidden, table, *_ in job["rewritten"] if output}
     chains = _chains(before, head_of)
     watched = hidden_names + sorted(h for h in head_of if h not in {o.name for o in before.proto.graph.output})
-    failures = []
+    failures, made = [], {}
     for sequence in job["shape"]["lengths"]:
         try:
             runs = _branch_feeds(before.proto, job["rows"], job["shape"], sequence)
@@ -121,7 +121,7 @@ def prove(job):
                                 f"({describe(dict(job['shape'], lengths=[sequence]))}): {e}") from None
         for branch, feeds in runs:
             for upstream in job.get("upstream", []):
-                feeds = _fed_from(feeds, upstream)
+                feeds = _fed_from(feeds, upstream, made)
             try:
                 old = _outputs(before.proto, folder, watched, feeds)
             except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
@@ -144,20 +144,26 @@ def _branch_feeds(model, rows, shape, sequence):
             (", use_cache_branch false", dict(feeds, use_cache_branch=np.zeros_like(feeds["use_cache_branch"])))]
 
 
-def _fed_from(feeds, upstream):
+def _fed_from(feeds, upstream, made):
     """`feeds` with input upstream["input"] replaced by what the file that makes it gives: upstream {input, output,
     checked, rows, shape} names another file of the folder (the encoder whose last_hidden_state a decoder reads as
     encoder_hidden_states, the embed_tokens.onnx whose rows a split decoder reads as inputs_embeds), run as checked
-    on its own feeds of the same sequence length."""
+    on its own feeds of the same sequence length. `made` keeps each producer's session and each output it gave (a
+    merged decoder's two branches are fed the same value, one session a file)."""
     name = upstream["input"]
     if name not in feeds or feeds[name].ndim < 2:
         return feeds
-    data, folder = source(upstream["checked"])
-    producer = load(upstream["checked"]["path"], data=data)
-    del data
-    made = shaped_feeds(producer.proto, upstream["rows"], upstream["shape"], feeds[name].shape[1])
-    session = Runner(producer.proto, data_folder=folder).session
-    (value,) = session.run([upstream["output"]], made)
+    path, length = upstream["checked"]["path"], feeds[name].shape[1]
+    if path not in made:
+        data, folder = source(upstream["checked"])
+        producer = load(path, data=data)
+        del data
+        made[path] = (producer.proto, Runner(producer.proto, data_folder=folder).session)
+    proto, session = made[path]
+    if (path, upstream["output"], length) not in made:
+        (made[path, upstream["output"], length],) = session.run(
+            [upstream["output"]], shaped_feeds(proto, upstream["rows"], upstream["shape"], length))
+    value = made[path, upstream["output"], length]
     if value.shape != feeds[name].shape or value.dtype != feeds[name].dtype:
         return feeds  # not the input it feeds, after all: the random one stays
     return dict(feeds, **{name: value})
