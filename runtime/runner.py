@@ -94,13 +94,14 @@ class Runner:
     """A session for a ModelProto or a path; run(feeds) -> {output name: array}."""
 
     def __init__(self, model, optimized_model_path=None, arena=False, data_folder=None, spinning=True,
-                 disabled_optimizers=()):
+                 disabled_optimizers=(), prepacking=True):
         """arena=True keeps onnxruntime's CPU arena: faster for large batches (activations are reused rather
         than faulted in each run) at the price of holding them between runs. `data_folder`: where the external
         data of a ModelProto passed in lies (a path's own folder is used for a path). spinning=False stops the
         session's threads from spinning after a run (for sessions timed against one another).
-        `disabled_optimizers`: onnxruntime graph transformers to skip, as open_session takes them."""
-        options = session_options(optimized_model_path, arena=arena)
+        `disabled_optimizers`: onnxruntime graph transformers to skip, as open_session takes them; prepacking=False
+        sets session.disable_prepacking (every kernel reads its weights as stored)."""
+        options = session_options(optimized_model_path, prepacking=prepacking, arena=arena)
         if not spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         read_data_from(options, data_folder)

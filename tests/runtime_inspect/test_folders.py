@@ -3,6 +3,8 @@ value; the files a client loads together are chosen by the folder's layout and r
 whose tie_word_embeddings the graph contradicts is a finding."""
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -284,7 +286,105 @@ def test_retie_a_real_merged_decoder_holds_one_table(name, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     tokens = [v for v in findings(out)["vocabulary"] if v["vocab_size"] == VOCAB]
     assert [v["tables_in_memory"] for v in tokens] == [1]
-    assert os.path.getsize(out) < os.path.getsize(source) - VOCAB * WIDTH * 4 * 0.8  # the head's copy is gone
+    stored = lambda path: sum(numpy_helper.to_array(t).nbytes for _, _, g in graph_paths(onnx.load(path).graph)
+                              for t in g.initializer)
+    assert stored(out) <= stored(source) - VOCAB * WIDTH * 4 + 4096  # the head's copy is gone (a few constants come)
+
+
+WIDE = 1 << 15  # the branches' shared weights: [D, WIDE] and [WIDE, D], 8 MiB each, above the session's noise
+W_IN = np.random.default_rng(2).standard_normal((D, WIDE)).astype(np.float32) / 8
+W_OUT = np.random.default_rng(3).standard_normal((WIDE, D)).astype(np.float32) / 180
+
+
+def shared_weight_decoder():
+    """A merged decoder whose branches both read the table and two MatMul weights from the main graph, and show
+    their hidden vector `h` (tanh of the rows through both weights) beside the logits."""
+    def branch(side):
+        nodes = [helper.make_node("Gather", ["table", "ids"], [f"{side}_x"]),
+                 helper.make_node("MatMul", [f"{side}_x", "w_in"], [f"{side}_wide"]),
+                 helper.make_node("Relu" if side == "then" else "Sigmoid", [f"{side}_wide"], [f"{side}_mixed"]),
+                 helper.make_node("MatMul", [f"{side}_mixed", "w_out"], [f"{side}_back"]),
+                 helper.make_node("Tanh", [f"{side}_back"], [f"{side}_h"]),
+                 helper.make_node("Transpose", ["table"], [f"{side}_t"], perm=[1, 0]),
+                 helper.make_node("MatMul", [f"{side}_h", f"{side}_t"], [f"{side}_logits"])]
+        return helper.make_graph(nodes, side, [], [logits_info(f"{side}_logits"), helper.make_tensor_value_info(
+            f"{side}_h", TensorProto.FLOAT, ["b", "s", D])])
+    return model([helper.make_node("If", ["use_cache_branch"], ["logits", "h"], name="optimum::if",
+                                   then_branch=branch("then"), else_branch=branch("else"))],
+                 [IDS, helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1])],
+                 [logits_info("logits"), helper.make_tensor_value_info("h", TensorProto.FLOAT, ["b", "s", D])],
+                 {"table": TABLE, "w_in": W_IN, "w_out": W_OUT})
+
+
+GROWTH = """
+import sys, numpy as np, onnxruntime as ort
+def anonymous():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("Anonymous:"))
+ort.InferenceSession(sys.argv[2]).run(None, {"ids": np.zeros((1, 1), np.int64), "use_cache_branch": np.ones(1, bool)})
+before = anonymous()
+session = ort.InferenceSession(sys.argv[1])  # onnxruntime's defaults
+for flag in (True, False):
+    session.run(None, {"ids": np.array([[0, 5, 9, 7]]), "use_cache_branch": np.array([flag])})
+print(anonymous() - before)
+"""
+
+
+def anonymous_growth(path, warm):
+    """The anonymous memory a fresh process grows by, opening `path` under onnxruntime's defaults and running both
+    branches once (after a session on `warm` has loaded onnxruntime's code and state)."""
+    done = subprocess.run([sys.executable, "-c", GROWTH, str(path), str(warm)], capture_output=True, text=True,
+                          check=True)
+    return int(done.stdout)
+
+
+@pytest.mark.slow
+def test_retie_reads_the_weights_a_merged_decoders_branches_share_in_place(tmp_path):
+    onnx.save(shared_weight_decoder(), tmp_path / "merged.onnx")
+    onnx.save(merged_decoder(), tmp_path / "warm.onnx")
+    out = tmp_path / "retied.onnx"
+    done = run_inspect(tmp_path / "merged.onnx", "--retie", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the 2 weights its branches share (16.0 MiB" in done.stdout
+    assert "every other output bit for bit with the export's run under session.disable_prepacking=1" in done.stdout
+    retied = onnx.load(out)
+    stored = {t.name for t in retied.graph.initializer}
+    assert not [n.name for _, _, g in graph_paths(retied.graph) for n in g.node
+                if n.op_type in ("MatMul", "Gemm") and n.input[1] in stored]  # each reads a run-time view
+    # under the defaults each branch packed its own copy of both weights: one copy (16 MiB) fewer now, and the
+    # table's transposed copies (2 x 256 KiB) gone too
+    shared = W_IN.nbytes + W_OUT.nbytes
+    export, now = (anonymous_growth(p, tmp_path / "warm.onnx") for p in (tmp_path / "merged.onnx", out))
+    assert export - now >= 0.9 * shared, (export, now)
+    assert export >= 1.9 * shared  # the export held both copies (the premise)
+    import onnxruntime as ort
+    unpacked = ort.SessionOptions()
+    unpacked.add_session_config_entry("session.disable_prepacking", "1")
+    export, now = ort.InferenceSession(str(tmp_path / "merged.onnx"), unpacked), ort.InferenceSession(str(out))
+    ids = np.array([[0, 5, V - 1, 7]])
+    for flag in (True, False):
+        feeds = {"ids": ids, "use_cache_branch": np.array([flag])}
+        (_, h0), (logits, h) = export.run(["logits", "h"], feeds), now.run(["logits", "h"], feeds)
+        assert np.array_equal(h.view(np.uint32), h0.view(np.uint32)), flag  # the export's bits, prepacking off
+        exact = h.astype(np.float64) @ TABLE.T.astype(np.float64)
+        bound = D * 2.0**-24 / (1 - D * 2.0**-24) * (np.abs(h.astype(np.float64)) @ np.abs(TABLE.T.astype(np.float64)))
+        assert np.all(np.abs(logits - exact) <= bound), flag
+
+
+def test_weights_read_in_only_one_graph_are_left_as_they_are():
+    import tempfile
+
+    from runtime.inspect.read.model import load
+    from runtime.inspect.retie import branches
+    with tempfile.TemporaryDirectory() as where:
+        onnx.save(plain_decoder(), os.path.join(where, "plain.onnx"))
+        onnx.save(shared_weight_decoder(), os.path.join(where, "shared.onnx"))
+        plain, shared = load(os.path.join(where, "plain.onnx")), load(os.path.join(where, "shared.onnx"))
+    assert branches.shared_weights(plain) == {} and branches.why_not(plain, {}) == "no MatMul weight is read in two graphs"
+    assert branches.shared_weights(shared) == {name: ["main/optimum::if.else_branch", "main/optimum::if.then_branch"]
+                                               for name in ("w_in", "w_out")}
+    assert branches.why_not(shared, {"prepacked": [{"kernel": "MatMul"}]}) is None
+    assert branches.why_not(shared, {"prepacked": [{"kernel": "Conv"}]}) == "its Conv kernels prepack too"
 
 
 # --- retying a folder ---------------------------------------------------------------------------------------------------

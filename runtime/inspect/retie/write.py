@@ -9,23 +9,25 @@ from runtime.inspect.findings.relations import copy_key, runtime_copies
 from runtime.inspect.read import sidecars
 from runtime.inspect.read.model import load
 from runtime.inspect.read.text import InspectError
+from runtime.inspect.retie import branches
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import isolated, memory
 from runtime.inspect.sandbox.feeds import describe
 from runtime.resident import copies_held, prepacked_copies
 
 
-def proven(model, found, rewritten, sources, folder, limits, upstream=()):
+def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_place=False):
     """Stage the rewritten model in `folder`, prove it (isolated) and count the copies a session would hold under
     onnxruntime's defaults: (staged path, {table now: copies held}, failures: empty when proven). InspectError
     when the original cannot be run on the proof's feeds (nothing about the retie is known). `upstream`: the inputs
-    other files of a folder make (proof._fed_from)."""
+    other files of a folder make (proof._fed_from); `in_place`: retie.branches read the weights in place, so the
+    original is run with prepacking off."""
     staged = os.path.join(folder, "retied.onnx")
     limits.progress("writing the retied model to the scratch folder, to prove it")
     graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
     job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged,
            "rewritten": rewritten, "rows": found["rows"], "folder": folder, "shape": found["shape"],
-           "upstream": list(upstream)}
+           "upstream": list(upstream), "in_place": in_place}
     try:
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
@@ -60,7 +62,8 @@ def retie(model, found, out_path, folder, limits, say):
     if not rewritten:
         say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
-    staged, held, failures = proven(model, found, rewritten, sources, folder, limits)
+    weights = branches.in_place(model, found, say)
+    staged, held, failures = proven(model, found, rewritten, sources, folder, limits, in_place=bool(weights))
     if failures:
         say(f"retie: {failures[0]}\n" if failures[0].startswith("failed") else
             f"retie: not proven, nothing written: {failures[0]}\n")
@@ -70,7 +73,7 @@ def retie(model, found, out_path, folder, limits, say):
     written = graphs.save(model.proto, out_path, check=False, sources=sources)  # the model the child checked
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     size = sum(os.path.getsize(p) for p in written)
-    say(rewritten_line(rewritten, model, found["shape"]))
+    say(rewritten_line(rewritten, model, found["shape"], weights=weights))
     was = {v["table"]: v for v in found["vocabulary"]}
     for table, original in {final: original for _, _, original, _, final in rewritten}.items():
         say(gained_line(table, held[table], was.get(original), measured.get("defaults")))
@@ -82,19 +85,24 @@ def retie(model, found, out_path, folder, limits, say):
     return 0
 
 
-def rewritten_line(rewritten, model, shape, where="", fed=()):
+def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):
     """The line that says what a proven retie of `model` rewrote and on which feeds (feeds.plan's `shape`; `fed`:
-    the inputs another file made, retie_folder.upstream); `where`: the file's name and ': ', in a folder."""
+    the inputs another file made, retie_folder.upstream; `weights`: branches.in_place's, the shared weights read in
+    place); `where`: the file's name and ': ', in a folder."""
     kept = ", ".join(sorted({final for *_, final in rewritten}))
     heads = sum(hidden is not None for _, hidden, *_ in rewritten)
     lookups = len(rewritten) - heads
     changed = [f"{heads} head{'s' if heads != 1 else ''} now a Gemm on its run-time view"] if heads else []
     changed += [f"{lookups} lookup{'s' if lookups != 1 else ''} now reading the head's codes"] if lookups else []
+    if weights:
+        changed.append(f"the {len(weights)} weights its branches share ({sum(weights.values()) / 2**20:.1f} MiB, "
+                       "each prepacked once per branch before) read in place")
     branches = any(v.name == "use_cache_branch" for v in model.proto.graph.input)
     feeds = describe(shape) + (", both branches of use_cache_branch" if branches else "") + "".join(
         f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
+    against = f" with the export's run under {counting.NO_PREPACKING}" if weights else ""
     return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "
-            "heads within 2 gamma_w sum|a b|, every other output bit for bit\n")
+            f"heads within 2 gamma_w sum|a b|, every other output bit for bit{against}\n")
 
 
 def gained_line(table, copies, was, figures):

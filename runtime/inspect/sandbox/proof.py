@@ -71,14 +71,16 @@ def _branches(graph):
     return found
 
 
-def _outputs(proto, folder, hidden_names, feeds):
+def _outputs(proto, folder, hidden_names, feeds, prepacking=True):
     """Every output of the model (a ModelProto, its external data not loaded), and the hidden vectors the heads
-    read, on `feeds`. Its tensor data is left to onnxruntime, read from `folder`: one session at a time holds it."""
+    read, on `feeds`; `prepacking`: False runs it with session.disable_prepacking. Its tensor data is left to
+    onnxruntime, read from `folder`: one session at a time holds it."""
     model = onnx.ModelProto()
     model.CopyFrom(proto)
     model, shown = _with_outputs(model, hidden_names)
-    session = Runner(model, data_folder=folder).session  # onnxruntime is the judge: contrib ops are beyond
-    names = [o.name for o in session.get_outputs()]      # the onnx checker
+    # onnxruntime is the judge: contrib ops are beyond the onnx checker
+    session = Runner(model, data_folder=folder, prepacking=prepacking).session
+    names = [o.name for o in session.get_outputs()]
     outputs = dict(zip(names, session.run(names, feeds)))
     return {**outputs, **{name: outputs[out] for name, out in shown.items()}}
 
@@ -99,8 +101,9 @@ class OriginalFails(Exception):
 
 def prove(job):
     """One-line failures (empty: proven) for job {before, checked (its Model's), after, rewritten: [[output, hidden,
-    table, transposed, now]], rows, shape (feeds.plan), folder}; OriginalFails when the original itself does not run
-    on those feeds. The original is read as checked (isolated.source), never from a file swapped in since."""
+    table, transposed, now]], rows, shape (feeds.plan), folder, in_place (retie.branches read the weights in place:
+    the original is run with prepacking off, as its kernels then read them)}; OriginalFails when the original
+    itself does not run on those feeds. The original is read as checked (isolated.source), never from a file swapped in since."""
     data, folder = source(job["checked"])
     before = load(job["before"], data=data)
     del data
@@ -122,8 +125,8 @@ def prove(job):
         for branch, feeds in runs:
             for upstream in job.get("upstream", []):
                 feeds = _fed_from(feeds, upstream, made)
-            try:
-                old = _outputs(before.proto, folder, watched, feeds)
+            try:  # a file whose weights the retie reads in place (retie.branches) against the export unpacked
+                old = _outputs(before.proto, folder, watched, feeds, prepacking=not job.get("in_place"))
             except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
                 raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
                                     f"({describe(dict(job['shape'], lengths=[sequence]))}{branch}): "

@@ -1,0 +1,94 @@
+"""A merged decoder's weights read in place: the two branches of its If on use_cache_branch read the same MatMul
+weights from the main graph, and under onnxruntime's defaults each branch's kernel prepacks its own copy (the
+original is freed once both have), so every weight the branches share is held twice. Read through graphs.tie's
+run-time view, no kernel prepacks it: each weight is held once, mapped from the data file, and each MatMul computes
+what the export's computes with prepacking off, bit for bit (the proof's reference then)."""
+from onnx import TensorProto, helper
+
+from graphs.tie import unfolded_view
+from runtime.inspect.read.model import graph_paths
+from runtime.inspect.retie.edits import const, unique_name
+
+KERNELS = ("MatMul", "Gemm")  # whose weight (input 1) --retie reads in place
+PACKING = KERNELS + ("FusedMatMul",)  # onnxruntime's fusions of them; any other kernel that prepacks vetoes
+
+
+def shared_weights(model):
+    """{initializer: [graph paths]} of the float32 main-graph initializers that MatMul or Gemm nodes of two or more
+    graphs (a merged decoder's branches) read as their weight: what the branches' kernels each prepack."""
+    homes = {}
+    for path, _, graph in graph_paths(model.proto.graph):
+        for node, name in _weights(graph, model):
+            homes.setdefault(name, []).append(path)
+    main = {t.name for t in model.proto.graph.initializer}
+    return {name: sorted(set(paths)) for name, paths in homes.items() if name in main and len(set(paths)) > 1}
+
+
+def why_not(model, found):
+    """Why a file's weights are not read in place (None: they are, and read_in_place may run): no weight shared by
+    two graphs, or a kernel other than MatMul's prepacks in it (the proof's reference, the export with prepacking
+    off, would then differ from the retied file in more than the weights)."""
+    if not shared_weights(model):
+        return "no MatMul weight is read in two graphs"
+    own = sorted({node.input[1] for _, _, graph in graph_paths(model.proto.graph)[1:] for node in graph.node
+                  if node.op_type in KERNELS and len(node.input) > 1 and node.input[1] in
+                  {t.name for t in graph.initializer}})
+    if own:
+        return f"a branch holds MatMul weights of its own ({own[0]})"
+    others = sorted({p["kernel"] for p in found.get("prepacked", []) if p["kernel"] not in PACKING})
+    if others:
+        return f"its {', '.join(others)} kernels prepack too"
+    return None
+
+
+def read_in_place(model):
+    """Make every MatMul and Gemm of `model` (every graph) that reads a float32 initializer as its weight read it
+    through a run-time view: one graphs.tie chain per graph, anchored on the first such node's other input, its
+    run-time zero added to each shape's dims, and a Reshape (an alias, no copy) before each node. Returns {initializer: bytes} of those the
+    graphs shared (shared_weights), the copies onnxruntime's defaults no longer make."""
+    shared, base, number = shared_weights(model), unique_name(model, "retie_weight"), 0
+    for _, _, graph in graph_paths(model.proto.graph):
+        chain, targets = None, {}
+        for node, name in list(_weights(graph, model)):
+            dims = tuple(model.tensors[name].dims)
+            prefix, number = f"{base}{number}_", number + 1  # no name of the model starts with `base`
+            at = list(graph.node).index(node)
+            if chain is None:  # the graph's first: the whole chain, its `nothing` the others' too
+                nodes, constants, _ = unfolded_view(name, node.input[0], list(dims), prefix + "weight", prefix)
+                for constant, values in constants.items():  # in the main graph, read from outside by a branch
+                    const(model.proto.graph, constant, values)
+                chain, targets[dims] = prefix, prefix + "target"
+            else:
+                nodes = []
+                if dims not in targets:  # another shape: its dims + the chain's run-time zero
+                    targets[dims] = prefix + "target"
+                    nodes.append(helper.make_node("Add", [const(model.proto.graph, prefix + "dims", dims),
+                                                          chain + "nothing"], [prefix + "target"],
+                                                  name=prefix + "target"))
+                nodes.append(helper.make_node("Reshape", [name, targets[dims]], [prefix + "weight"],
+                                              name=prefix + "view"))
+            for offset, new in enumerate(nodes):
+                graph.node.insert(at + offset, new)
+            node.input[1] = prefix + "weight"
+    return {name: model.tensors[name].nbytes for name in shared}
+
+
+def _weights(graph, model):
+    """(node, initializer) for each MatMul / Gemm of `graph` whose weight is a float32 initializer, of this graph or
+    an enclosing one (a name a body reads from outside; ONNX forbids shadowing, so one name is one tensor)."""
+    for node in graph.node:
+        if node.op_type in KERNELS and len(node.input) > 1 and node.domain in ("", "ai.onnx"):
+            tensor = model.tensors.get(node.input[1])
+            if tensor is not None and tensor.data_type == TensorProto.FLOAT and len(tensor.dims) == 2:
+                yield node, node.input[1]
+
+
+def in_place(model, found, say):
+    """read_in_place(model) where why_not finds no reason against it (the reason said, where weights are shared):
+    {initializer: bytes} of the shared weights now read in place, or {}."""
+    why = why_not(model, found)
+    if why is None:
+        return read_in_place(model)
+    if shared_weights(model):
+        say(f"retie: the weights its branches share are left as they are ({why})\n")
+    return {}
