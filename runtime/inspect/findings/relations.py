@@ -91,12 +91,12 @@ class Digests:
                 return None
             raw = tensor.raw()
             for i in range(0, len(raw), _BYTES_AT_ONCE):
-                h.update(np.asarray(raw[i:i + _BYTES_AT_ONCE]).tobytes())
+                h.update(np.ascontiguousarray(raw[i:i + _BYTES_AT_ONCE]).data)
             return h.digest()
         rows = values if as_table else values.T
         step = max(1, _BYTES_AT_ONCE // max(1, values.itemsize * rows.shape[1]))
-        for i in range(0, rows.shape[0], step):
-            h.update(np.ascontiguousarray(rows[i:i + step]).tobytes())
+        for i in range(0, rows.shape[0], step):  # a contiguous chunk is hashed where it lies, not copied first
+            h.update(np.ascontiguousarray(rows[i:i + step]).view(np.uint8).data)
         return h.digest()
 
 
@@ -195,7 +195,10 @@ def _widened(a, b, transposed):
 
 
 def _same_bytes(a, b):
-    """Whether two tensors hold the same stored bytes, compared a chunk at a time."""
+    """Whether two tensors hold the same stored bytes, compared a chunk at a time (none read when their sizes
+    differ: an optimized model's hundreds of folded constants are each checked against every table)."""
+    if a.nbytes != b.nbytes:
+        return False
     x, y = a.raw(), b.raw()
     if len(x) != len(y):
         return False
