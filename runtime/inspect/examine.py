@@ -5,6 +5,7 @@ import os
 from runtime.inspect.findings import counting
 from runtime.inspect.findings.relations import copy_key, relate, runtime_copies, vocabulary
 from runtime.inspect.graph.walk import find_tables_and_heads, lookup_ids
+from runtime.inspect.graph.weights import shared_weights
 from runtime.inspect.read.model import load
 from runtime.inspect.read.text import InspectError
 from runtime.inspect.sandbox import feeds, isolated, memory
@@ -123,7 +124,7 @@ def found(model, tables, heads, pairs, rows, shape, optimized_path, version, mea
             "vocabulary": vocabulary(model, tables, heads, pairs, copies, held, version), "onnxruntime": version,
             "measure_error": measured.get("error"),
             "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values()), "optimized": optimized,
-            "prepacked": prepacked}
+            "prepacked": prepacked, "branch_weights": branch_weights(model)}
 
 
 def _from_files(path, limits, proof_past):
@@ -140,4 +141,11 @@ def _from_files(path, limits, proof_past):
             "initializers": initializers, "pairs": pairs, "runtime_copies": None,
             "rows": {lookup_ids(t): t["vocab"] for t in tables}, "shape": feeds.plan(model.proto, path, proof_past),
             "vocabulary": vocabulary(model, tables, heads, pairs, [], held, None), "onnxruntime": None,
-            "measure_error": None, "optimized": None, "prepacked": []}
+            "measure_error": None, "optimized": None, "prepacked": [], "branch_weights": branch_weights(model)}
+
+
+def branch_weights(model):
+    """[{name, bytes, graphs}]: the matmul weights two or more graphs of `model` read (graph.weights.shared_weights),
+    each of which onnxruntime's defaults prepack once per graph."""
+    return [{"name": name, "bytes": model.tensors[name].nbytes, "graphs": graphs}
+            for name, graphs in sorted(shared_weights(model).items())]

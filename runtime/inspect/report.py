@@ -55,6 +55,12 @@ def report(info, path, out):
     if not info["pairs"]:
         w("no table/head pair of matching shape\n")
     _runtime_copies(info, w)
+    shared = info["branch_weights"]
+    if shared:
+        graphs = sorted({g for b in shared for g in b["graphs"]})
+        w(f"weights {len(graphs)} graphs share: {len(shared)} matmul weights, {sum(b['bytes'] for b in shared)} bytes, "
+          f"read in {', '.join(graphs)}; under onnxruntime's defaults each graph's kernels prepack their own copy "
+          "(held once per graph; a --retie that rewrites this file reads them in place)\n")
 
 
 def _runtime_copies(info, w):
@@ -144,7 +150,7 @@ def as_json(info, path=None):
             "pairs": [{k: p[k] for k in ("table", "head", "relation", "wasted_bytes", "max_error_in_scales",
                                          "table_graph", "head_graph")}
                       for p in info["pairs"]],
-            "runtime_copies": info["runtime_copies"]}
+            "runtime_copies": info["runtime_copies"], "branch_weights": info["branch_weights"]}
 
 
 _TIE_FINDINGS = {

@@ -371,6 +371,21 @@ def test_retie_reads_the_weights_a_merged_decoders_branches_share_in_place(tmp_p
         assert np.all(np.abs(logits - exact) <= bound), flag
 
 
+def test_inspect_names_the_weights_a_merged_decoders_branches_both_read():
+    source = os.path.join(FOLDERS, "optimum_t5", "decoder_model_merged.onnx")
+    proto = onnx.load(source)
+    main = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    (node,) = [n for n in proto.graph.node if n.op_type == "If"]
+    read = [{n.input[1] for n in a.g.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in main
+             and main[n.input[1]].dtype == np.float32 and main[n.input[1]].ndim == 2} for a in node.attribute]
+    both = read[0] & read[1]
+    assert len(both) >= 8  # the decoder's attention and feed-forward weights, and the head's copy of the table
+    found = findings(source)["branch_weights"]
+    assert {b["name"] for b in found} == both
+    assert sum(b["bytes"] for b in found) == sum(main[n].nbytes for n in both)
+    assert all(len(b["graphs"]) == 2 for b in found)
+
+
 def test_weights_read_in_only_one_graph_are_left_as_they_are():
     import tempfile
 

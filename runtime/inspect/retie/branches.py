@@ -3,25 +3,14 @@ weights from the main graph, and under onnxruntime's defaults each branch's kern
 original is freed once both have), so every weight the branches share is held twice. Read through graphs.tie's
 run-time view, no kernel prepacks it: each weight is held once, mapped from the data file, and each MatMul computes
 what the export's computes with prepacking off, bit for bit (the proof's reference then)."""
-from onnx import TensorProto, helper
+from onnx import helper
 
 from graphs.tie import unfolded_view
+from runtime.inspect.graph.weights import KERNELS, matmul_weights, shared_weights
 from runtime.inspect.read.model import graph_paths
 from runtime.inspect.retie.edits import const, unique_name
 
-KERNELS = ("MatMul", "Gemm")  # whose weight (input 1) --retie reads in place
 PACKING = KERNELS + ("FusedMatMul",)  # onnxruntime's fusions of them; any other kernel that prepacks vetoes
-
-
-def shared_weights(model):
-    """{initializer: [graph paths]} of the float32 main-graph initializers that MatMul or Gemm nodes of two or more
-    graphs (a merged decoder's branches) read as their weight: what the branches' kernels each prepack."""
-    homes = {}
-    for path, _, graph in graph_paths(model.proto.graph):
-        for node, name in _weights(graph, model):
-            homes.setdefault(name, []).append(path)
-    main = {t.name for t in model.proto.graph.initializer}
-    return {name: sorted(set(paths)) for name, paths in homes.items() if name in main and len(set(paths)) > 1}
 
 
 def why_not(model, found):
@@ -44,12 +33,12 @@ def why_not(model, found):
 def read_in_place(model):
     """Make every MatMul and Gemm of `model` (every graph) that reads a float32 initializer as its weight read it
     through a run-time view: one graphs.tie chain per graph, anchored on the first such node's other input, its
-    run-time zero added to each shape's dims, and a Reshape (an alias, no copy) before each node. Returns {initializer: bytes} of those the
-    graphs shared (shared_weights), the copies onnxruntime's defaults no longer make."""
+    run-time zero added to each shape's dims, and a Reshape (an alias, no copy) before each node. Returns
+    {initializer: bytes} of those the graphs shared (shared_weights), the copies the defaults no longer make."""
     shared, base, number = shared_weights(model), unique_name(model, "retie_weight"), 0
     for _, _, graph in graph_paths(model.proto.graph):
         chain, targets = None, {}
-        for node, name in list(_weights(graph, model)):
+        for node, name in list(matmul_weights(graph, model)):
             dims = tuple(model.tensors[name].dims)
             prefix, number = f"{base}{number}_", number + 1  # no name of the model starts with `base`
             at = list(graph.node).index(node)
@@ -71,16 +60,6 @@ def read_in_place(model):
                 graph.node.insert(at + offset, new)
             node.input[1] = prefix + "weight"
     return {name: model.tensors[name].nbytes for name in shared}
-
-
-def _weights(graph, model):
-    """(node, initializer) for each MatMul / Gemm of `graph` whose weight is a float32 initializer, of this graph or
-    an enclosing one (a name a body reads from outside; ONNX forbids shadowing, so one name is one tensor)."""
-    for node in graph.node:
-        if node.op_type in KERNELS and len(node.input) > 1 and node.domain in ("", "ai.onnx"):
-            tensor = model.tensors.get(node.input[1])
-            if tensor is not None and tensor.data_type == TensorProto.FLOAT and len(tensor.dims) == 2:
-                yield node, node.input[1]
 
 
 def in_place(model, found, say):
