@@ -112,6 +112,32 @@ def test_inspect_finds_a_plain_duplicate(tmp_path):
     assert relations(findings(out)) == [("embedding", "embedding", "shared", 0)]
 
 
+@pytest.mark.parametrize("head, relation", [("permuted", "distinct"), ("transposed", "transposed_duplicate"),
+                                            ("one_bit", "distinct")])
+def test_a_head_with_the_tables_values_in_another_order_is_not_a_copy(head, relation, tmp_path):
+    # the digest that spares comparisons sees values, not their order: a head holding the table's rows shuffled
+    # fingerprints alike and must be told apart value by value; one flipped bit must not fingerprint alike
+    table = graphs.make_table(40, 6)
+    values = {"permuted": table[np.random.default_rng(0).permutation(40)].T, "transposed": table.T,
+              "one_bit": table.T.copy()}[head]
+    if head == "one_bit":
+        values.view(np.uint32)[3, 7] ^= 1
+    nodes = [helper.make_node("Gather", ["embedding", "ids"], ["embeddings"], axis=0),
+             helper.make_node("MatMul", ["hidden", "head"], ["logits"])]
+    graph = helper.make_graph(nodes, "order", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
+                                               helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["n", 6])],
+                              [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["n", 6]),
+                               helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 40])],
+                              [numpy_helper.from_array(table, "embedding"),
+                               numpy_helper.from_array(np.ascontiguousarray(values), "head")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.save(model, tmp_path / "order.onnx")
+    done = run_inspect(tmp_path / "order.onnx", "--static", "--json")
+    wasted = 40 * 6 * 4 if relation != "distinct" else 0
+    assert relations(json.loads(done.stdout)) == [("embedding", "head", relation, wasted)]
+
+
 def test_many_tables_and_heads_take_seconds_not_minutes(tmp_path):
     path = tmp_path / "many.onnx"
     onnx.save(many_tables(400), path)

@@ -68,10 +68,12 @@ def relate(model, tables, heads):
 
 
 class Digests:
-    """Digests(model)(entry): a digest of the entry's values as [vocab, width] rows (the tensor's type in it),
-    computed once per initializer a chunk of rows at a time: equal values give equal digests, so pairs with
-    different digests are distinct without a comparison (in one model or across files); None (compare them) for
-    packed codes stored the other way round."""
+    """Digests(model)(entry): a fingerprint of the entry's values, computed once per initializer a chunk at a time:
+    equal values give equal fingerprints, so pairs whose fingerprints differ are distinct without a comparison (in
+    one model or across files), and equal ones are compared value by value (same_values). For a 2-D tensor it is
+    the sum and the sum of squares of its elements' bits (wrapping), which no layout changes: a table and its
+    transposed copy are fingerprinted where they lie, without transposing either. None (compare them) for packed
+    codes stored the other way round."""
 
     def __init__(self, model):
         self.model, self.known = model, {}
@@ -84,24 +86,26 @@ class Digests:
 
     @staticmethod
     def _digest(tensor, as_table):
-        h = hashlib.blake2b(f"{tensor.data_type}".encode(), digest_size=16)
         values = tensor.values()
         if values is None or len(tensor.dims) != 2:
             if not as_table:
                 return None
-            raw = tensor.raw()
+            h, raw = hashlib.blake2b(f"{tensor.data_type}".encode(), digest_size=16), tensor.raw()
             for i in range(0, len(raw), _BYTES_AT_ONCE):
                 h.update(np.ascontiguousarray(raw[i:i + _BYTES_AT_ONCE]).data)
             return h.digest()
-        rows = values if as_table else values.T
-        step = max(1, _BYTES_AT_ONCE // max(1, values.itemsize * rows.shape[1]))
-        for i in range(0, rows.shape[0], step):  # a contiguous chunk is hashed where it lies, not copied first
-            h.update(np.ascontiguousarray(rows[i:i + step]).view(np.uint8).data)
-        return h.digest()
+        size = values.itemsize if values.itemsize in (1, 2, 4, 8) else 1
+        words = np.ascontiguousarray(values).reshape(-1).view(f"u{size}")  # as stored: a view, not a copy
+        step, total, squares = max(1, _BYTES_AT_ONCE // 8), 0, 0
+        for i in range(0, len(words), step):
+            chunk = words[i:i + step].astype(np.uint64)
+            total += int(chunk.sum(dtype=np.uint64))
+            squares += int(np.multiply(chunk, chunk, out=chunk).sum(dtype=np.uint64))
+        rows = tuple(tensor.dims) if as_table else tuple(tensor.dims[::-1])
+        return tensor.data_type, rows, total % 2**64, squares % 2**64
 
 
 ROUNDING = 1 + 2**-10  # half a scale rounding to nearest, up to one where a code range [-8, 7] clips its edge (MLAS)
-
 
 def _float_rows(model, entry):
     """A float table or head's values [vocab, width] (a memory-mapped view), or None for another type."""
