@@ -95,8 +95,10 @@ def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):
     changed = [f"{heads} head{'s' if heads != 1 else ''} now a Gemm on its run-time view"] if heads else []
     changed += [f"{lookups} lookup{'s' if lookups != 1 else ''} now reading the head's codes"] if lookups else []
     if weights:
-        changed.append(f"the {len(weights)} weights its branches share ({sum(weights.values()) / 2**20:.1f} MiB, "
-                       "each prepacked once per branch before) read in place")
+        size = sum(weights.values())
+        size = f"{size / 2**20:.1f} MiB" if size >= 2**20 // 10 else f"{size} bytes"
+        changed.append(f"the {len(weights)} weights its branches share ({size}, each prepacked once per branch "
+                       "before) read in place")
     branches = any(v.name == "use_cache_branch" for v in model.proto.graph.input)
     feeds = describe(shape) + (", both branches of use_cache_branch" if branches else "") + "".join(
         f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
