@@ -60,7 +60,7 @@ def report(info, path, out):
         graphs = sorted({g for b in shared for g in b["graphs"]})
         w(f"weights {len(graphs)} graphs share: {len(shared)} matmul weights, {sum(b['bytes'] for b in shared)} bytes, "
           f"read in {', '.join(graphs)}; under onnxruntime's defaults each graph's kernels prepack their own copy "
-          "(held once per graph; a --retie that rewrites this file reads them in place)\n")
+          "(held once per graph; a --retie that rewrites this file reads them in place where its proof holds)\n")
 
 
 def _runtime_copies(info, w):

@@ -371,6 +371,35 @@ def test_retie_reads_the_weights_a_merged_decoders_branches_share_in_place(tmp_p
         assert np.all(np.abs(logits - exact) <= bound), flag
 
 
+@pytest.mark.slow
+def test_weights_read_in_place_that_do_not_prove_are_put_back(tmp_path):
+    # each branch also multiplies by a Constant node's weight, which onnxruntime still prepacks: the export run with
+    # prepacking off then differs from the retied file in more than the views, so the proof against it fails; the
+    # retie puts the shared weights back as they were and proves the table's retie alone
+    m = shared_weight_decoder()
+    extra = np.random.default_rng(4).standard_normal((D, D)).astype(np.float32)
+    (node,) = m.graph.node
+    for a in node.attribute:
+        side = a.g.name
+        a.g.node.extend([helper.make_node("Constant", [], [f"{side}_c"], value=numpy_helper.from_array(extra)),
+                         helper.make_node("MatMul", [f"{side}_x", f"{side}_c"], [f"{side}_extra"])])
+        a.g.output.append(helper.make_tensor_value_info(f"{side}_extra", TensorProto.FLOAT, ["b", "s", D]))
+    node.output.append("extra")
+    m.graph.output.append(helper.make_tensor_value_info("extra", TensorProto.FLOAT, ["b", "s", D]))
+    onnx.checker.check_model(m, full_check=True)
+    onnx.save(m, tmp_path / "merged.onnx")
+    out = tmp_path / "retied.onnx"
+    done = run_inspect(tmp_path / "merged.onnx", "--retie", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the weights its branches share are left as they are (read in place: " in done.stdout
+    assert "table is now the one copy (2 heads now a Gemm on its run-time view); proven" in done.stdout
+    retied = onnx.load(out)
+    readers = [n.input[1] for _, _, g in graph_paths(retied.graph) for n in g.node if n.op_type == "MatMul"]
+    assert readers.count("w_in") == readers.count("w_out") == 2  # as exported: each branch reads them directly
+    assert not [n.name for _, _, g in graph_paths(retied.graph) for n in g.node if n.name.startswith("retie_weight")]
+    assert findings(out)["vocabulary"][0]["tables_in_memory"] == 1
+
+
 def test_inspect_names_the_weights_a_merged_decoders_branches_both_read():
     source = os.path.join(FOLDERS, "optimum_t5", "decoder_model_merged.onnx")
     proto = onnx.load(source)
@@ -627,3 +656,20 @@ def test_a_quantized_head_in_another_file_is_a_quantized_copy_of_the_table(tmp_p
     assert not [p for p in findings(other)["across_files"]["pairs"] if p["relation"] != "shared"]
     done = run_inspect(where, "--retie", tmp_path / "out")
     assert done.returncode == 0 and "left as it is (an int8 copy" in done.stdout and not (tmp_path / "out").exists()
+
+
+def test_read_in_place_anchors_on_an_input_and_undoes_exactly(tmp_path):
+    from runtime.inspect.read.model import load
+    from runtime.inspect.retie import branches
+    onnx.save(shared_weight_decoder(), tmp_path / "shared.onnx")
+    model = load(tmp_path / "shared.onnx")
+    before = model.proto.SerializeToString()
+    weights, undo = branches.read_in_place(model)
+    assert weights == {"w_in": W_IN.nbytes, "w_out": W_OUT.nbytes}
+    for _, _, g in graph_paths(model.proto.graph)[1:]:
+        assert list(g.node[0].input)[0] == "ids"  # the chain comes first and reads a graph input: nothing folds it
+        readers = [n for n in g.node if n.op_type == "MatMul" and n.input[1] in ("w_in", "w_out")]
+        assert readers == []  # every weight through a view
+    onnx.checker.check_model(model.proto, full_check=True)  # in order, typed
+    undo()
+    assert model.proto.SerializeToString() == before

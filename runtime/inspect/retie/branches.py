@@ -32,10 +32,15 @@ def why_not(model, found):
 
 def read_in_place(model):
     """Make every MatMul and Gemm of `model` (every graph) that reads a float32 initializer as its weight read it
-    through a run-time view: one graphs.tie chain per graph, anchored on the first such node's other input, its
-    run-time zero added to each shape's dims, and a Reshape (an alias, no copy) before each node. Returns
-    {initializer: bytes} of those the graphs shared (shared_weights), the copies the defaults no longer make."""
+    through a run-time view: one graphs.tie chain per graph, its run-time zero added to each shape's dims, and a
+    Reshape (an alias, no copy) before each node. The chain is anchored on the model's first input (computed at
+    run time whatever the graph holds, so nothing folds it) and placed first in each graph, before every reader in
+    whatever order the graph lists them; a model without inputs anchors it on the first reader's other input.
+    Returns ({initializer: bytes} of those the graphs shared (shared_weights), the copies the defaults no longer
+    make; undo(), which puts the model back as it was)."""
     shared, base, number = shared_weights(model), unique_name(model, "retie_weight"), 0
+    inserted, repointed, constants_before = [], [], len(model.proto.graph.initializer)
+    anchor = next((i.name for i in model.proto.graph.input if i.name not in model.tensors), None)
     for _, _, graph in graph_paths(model.proto.graph):
         chain, targets = None, {}
         for node, name in list(matmul_weights(graph, model)):
@@ -43,10 +48,12 @@ def read_in_place(model):
             prefix, number = f"{base}{number}_", number + 1  # no name of the model starts with `base`
             at = list(graph.node).index(node)
             if chain is None:  # the graph's first: the whole chain, its `nothing` the others' too
-                nodes, constants, _ = unfolded_view(name, node.input[0], list(dims), prefix + "weight", prefix)
+                nodes, constants, _ = unfolded_view(name, anchor or node.input[0], list(dims), prefix + "weight",
+                                                    prefix)
                 for constant, values in constants.items():  # in the main graph, read from outside by a branch
                     const(model.proto.graph, constant, values)
                 chain, targets[dims] = prefix, prefix + "target"
+                at = 0 if anchor else at
             else:
                 nodes = []
                 if dims not in targets:  # another shape: its dims + the chain's run-time zero
@@ -58,16 +65,26 @@ def read_in_place(model):
                                               name=prefix + "view"))
             for offset, new in enumerate(nodes):
                 graph.node.insert(at + offset, new)
+            inserted += [(graph, new) for new in nodes]
+            repointed.append((node, name))
             node.input[1] = prefix + "weight"
-    return {name: model.tensors[name].nbytes for name in shared}
+
+    def undo():
+        for node, name in repointed:
+            node.input[1] = name
+        for graph, new in inserted:  # each name is new to the model, so == finds that node alone
+            graph.node.remove(new)
+        del model.proto.graph.initializer[constants_before:]  # the chains' constants, appended last
+
+    return {name: model.tensors[name].nbytes for name in shared}, undo
 
 
 def in_place(model, found, say):
     """read_in_place(model) where why_not finds no reason against it (the reason said, where weights are shared):
-    {initializer: bytes} of the shared weights now read in place, or {}."""
+    ({initializer: bytes} of the shared weights now read in place, or {}; undo())."""
     why = why_not(model, found)
     if why is None:
         return read_in_place(model)
     if shared_weights(model):
         say(f"retie: the weights its branches share are left as they are ({why})\n")
-    return {}
+    return {}, lambda: None

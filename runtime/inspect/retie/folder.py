@@ -12,9 +12,8 @@ from runtime.inspect.findings.across import disk_bytes
 from runtime.inspect.findings.relations import stored_as_table
 from runtime.inspect.read import sidecars
 from runtime.inspect.read.sidecars import GENAI_CONFIG
-from runtime.inspect.retie import branches
 from runtime.inspect.retie.rewrite import borrow, planned
-from runtime.inspect.retie.write import proven, rewritten_line
+from runtime.inspect.retie.write import proven_in_place, rewritten_line
 from runtime.inspect.sandbox import memory
 
 DATA = "model.data"  # the one data file OUT's models share
@@ -31,10 +30,11 @@ def retie_folder(result, out, scratch, limits, say):
         for head, owner, table in borrowed.get(name, []):
             rewritten.append(borrow(model, sources, head, owner["model"], table))
         if rewritten:
-            weights = branches.in_place(model, info, lambda line: say(line.replace("retie: ", f"retie: {name}: ", 1)))
             where = os.path.join(scratch, f"retie{i}")
             os.mkdir(where)
-            _, _, failures = proven(model, info, rewritten, sources, where, limits, fed[name], bool(weights))
+            _, _, failures, weights = proven_in_place(
+                model, info, rewritten, sources, where, limits,
+                lambda line: say(line.replace("retie: ", f"retie: {name}: ", 1)), fed[name])
             if failures:
                 say(f"retie: {name}: " + (failures[0] if failures[0].startswith("failed") else
                                           f"not proven, nothing written: {failures[0]}") + "\n")

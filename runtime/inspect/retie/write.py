@@ -16,18 +16,18 @@ from runtime.inspect.sandbox.feeds import describe
 from runtime.resident import copies_held, prepacked_copies
 
 
-def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_place=False):
+def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_place=None):
     """Stage the rewritten model in `folder`, prove it (isolated) and count the copies a session would hold under
     onnxruntime's defaults: (staged path, {table now: copies held}, failures: empty when proven). InspectError
     when the original cannot be run on the proof's feeds (nothing about the retie is known). `upstream`: the inputs
-    other files of a folder make (proof._fed_from); `in_place`: retie.branches read the weights in place, so the
-    original is run with prepacking off."""
+    other files of a folder make (proof._fed_from); `in_place`: the weights retie.branches read in place ({name:
+    bytes}), so the original is run with prepacking off and no session may prepack them."""
     staged = os.path.join(folder, "retied.onnx")
     limits.progress("writing the retied model to the scratch folder, to prove it")
     graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
     job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged,
            "rewritten": rewritten, "rows": found["rows"], "folder": folder, "shape": found["shape"],
-           "upstream": list(upstream), "in_place": in_place}
+           "upstream": list(upstream), "in_place": bool(in_place)}
     try:
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
@@ -42,6 +42,9 @@ def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_pla
     retied, retied_optimized = load(staged), load(optimized, folder)
     copies = runtime_copies(retied, retied_optimized, sorted({final for *_, final in rewritten}))
     prepacked = prepacked_copies(retied_optimized.proto)
+    packed = sorted({p["initializer"] for p in prepacked} & set(in_place or ()))
+    if packed:
+        failures.append(f"onnxruntime still prepacks {packed[0]}, a weight read in place")
     before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
     held = {}
     for table, original in {final: original for _, _, original, _, final in rewritten}.items():
@@ -56,14 +59,28 @@ def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_pla
     return staged, held, failures
 
 
+def proven_in_place(model, found, rewritten, sources, folder, limits, say, upstream=()):
+    """proven(), a merged decoder's shared weights read in place first (branches.in_place); where that is not
+    proven, the weights are left as they were and the rest proven alone: (staged, held, failures, the weights read
+    in place or {})."""
+    weights, undo = branches.in_place(model, found, say)
+    staged, held, failures = proven(model, found, rewritten, sources, folder, limits, upstream, weights)
+    if weights and failures:
+        say(f"retie: the weights its branches share are left as they are (read in place: {failures[0]})\n")
+        undo()
+        weights, alone = {}, os.path.join(folder, "weights_as_they_were")  # staged apart: nothing is overwritten
+        os.mkdir(alone)
+        staged, held, failures = proven(model, found, rewritten, sources, alone, limits, upstream)
+    return staged, held, failures, weights
+
+
 def retie(model, found, out_path, folder, limits, say):
     """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven."""
     rewritten, sources = planned(model, found, say)
     if not rewritten:
         say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
-    weights = branches.in_place(model, found, say)
-    staged, held, failures = proven(model, found, rewritten, sources, folder, limits, in_place=bool(weights))
+    staged, held, failures, weights = proven_in_place(model, found, rewritten, sources, folder, limits, say)
     if failures:
         say(f"retie: {failures[0]}\n" if failures[0].startswith("failed") else
             f"retie: not proven, nothing written: {failures[0]}\n")
@@ -97,8 +114,8 @@ def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):
     if weights:
         size = sum(weights.values())
         size = f"{size / 2**20:.1f} MiB" if size >= 2**20 // 10 else f"{size} bytes"
-        changed.append(f"the {len(weights)} weights its branches share ({size}, each prepacked once per branch "
-                       "before) read in place")
+        changed.append(f"the {len(weights)} weight{'s' if len(weights) != 1 else ''} its branches share ({size}, each "
+                       "prepacked once per branch before) read in place")
     branches = any(v.name == "use_cache_branch" for v in model.proto.graph.input)
     feeds = describe(shape) + (", both branches of use_cache_branch" if branches else "") + "".join(
         f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
