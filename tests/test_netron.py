@@ -35,7 +35,8 @@ def _served(process):
 def test_export_netron_serves_every_graph_until_ctrl_c(tmp_path):
     process = subprocess.Popen([sys.executable, "-m", "graphs.export", str(tmp_path), "--vocab-size", "64", "--width",
                                 "8", "--netron", "--port", "0"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+                               stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # (a background job, as a CI step may be, inherits SIGINT ignored: Ctrl-C is what this test sends)
     try:
         urls = _served(process)
         assert sorted(os.path.basename(p) for p in urls.values()) == sorted(FILES)
