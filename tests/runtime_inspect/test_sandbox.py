@@ -270,8 +270,8 @@ def test_two_quick_interrupts_leave_one_line_and_nothing_behind(tmp_path):
 
 @pytest.mark.parametrize("sig, group", [(signal.SIGQUIT, True), (signal.SIGUSR1, False), (signal.SIGALRM, False)])
 def test_other_fatal_signals_are_one_line_and_leave_nothing(tmp_path, sig, group):
-    # a --retie, so that its children (optimize, measure, prove, measure again) outlast the signal's way here even
-    # on a loaded machine: a plain inspect of this small model once ended first, exit 0
+    # a --retie: the signal lands among its children (optimize, measure, prove, measure again), and OUT must not be
+    # written either
     out = tmp_path / "out" / "model.onnx"
     out.parent.mkdir()
     scratch, process = start([os.path.join(FIXTURES, "genai_fp32", "model.onnx"), "--retie", out], tmp_path,
