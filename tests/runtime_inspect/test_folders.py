@@ -338,18 +338,23 @@ def anonymous_growth(path, warm):
     return int(done.stdout)
 
 
+def retied(source, out):
+    """(what `inspect SOURCE --retie OUT` printed, OUT as onnx reads it), the command having succeeded."""
+    done = run_inspect(source, "--retie", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout, onnx.load(out)
+
+
 @pytest.mark.slow
 def test_retie_reads_the_weights_a_merged_decoders_branches_share_in_place(tmp_path):
     onnx.save(shared_weight_decoder(), tmp_path / "merged.onnx")
     onnx.save(merged_decoder(), tmp_path / "warm.onnx")
     out = tmp_path / "retied.onnx"
-    done = run_inspect(tmp_path / "merged.onnx", "--retie", out)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "the 2 weights its branches share (16.0 MiB" in done.stdout
-    assert "every other output bit for bit with the export's run under session.disable_prepacking=1" in done.stdout
-    retied = onnx.load(out)
-    stored = {t.name for t in retied.graph.initializer}
-    assert not [n.name for _, _, g in graph_paths(retied.graph) for n in g.node
+    printed, model = retied(tmp_path / "merged.onnx", out)
+    assert "the 2 weights its branches share (16.0 MiB" in printed
+    assert "every other output bit for bit with the export's run under session.disable_prepacking=1" in printed
+    stored = {t.name for t in model.graph.initializer}
+    assert not [n.name for _, _, g in graph_paths(model.graph) for n in g.node
                 if n.op_type in ("MatMul", "Gemm") and n.input[1] in stored]  # each reads a run-time view
     # under the defaults each branch packed its own copy of both weights: one copy (16 MiB) fewer now, and the
     # table's transposed copies (2 x 256 KiB) gone too
@@ -389,14 +394,12 @@ def test_weights_read_in_place_that_do_not_prove_are_put_back(tmp_path):
     onnx.checker.check_model(m, full_check=True)
     onnx.save(m, tmp_path / "merged.onnx")
     out = tmp_path / "retied.onnx"
-    done = run_inspect(tmp_path / "merged.onnx", "--retie", out)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "the weights its branches share are left as they are (read in place: " in done.stdout
-    assert "table is now the one copy (2 heads now a Gemm on its run-time view); proven" in done.stdout
-    retied = onnx.load(out)
-    readers = [n.input[1] for _, _, g in graph_paths(retied.graph) for n in g.node if n.op_type == "MatMul"]
+    printed, model = retied(tmp_path / "merged.onnx", out)
+    assert "the weights its branches share are left as they are (read in place: " in printed
+    assert "table is now the one copy (2 heads now a Gemm on its run-time view); proven" in printed
+    readers = [n.input[1] for _, _, g in graph_paths(model.graph) for n in g.node if n.op_type == "MatMul"]
     assert readers.count("w_in") == readers.count("w_out") == 2  # as exported: each branch reads them directly
-    assert not [n.name for _, _, g in graph_paths(retied.graph) for n in g.node if n.name.startswith("retie_weight")]
+    assert not [n.name for _, _, g in graph_paths(model.graph) for n in g.node if n.name.startswith("retie_weight")]
     assert findings(out)["vocabulary"][0]["tables_in_memory"] == 1
 
 

@@ -107,6 +107,7 @@ class Digests:
 
 ROUNDING = 1 + 2**-10  # half a scale rounding to nearest, up to one where a code range [-8, 7] clips its edge (MLAS)
 
+
 def _float_rows(model, entry):
     """A float table or head's values [vocab, width] (a memory-mapped view), or None for another type."""
     tensor = model.tensors[entry["initializer"]]

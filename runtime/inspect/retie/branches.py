@@ -19,9 +19,9 @@ def why_not(model, found):
     off, would then differ from the retied file in more than the weights)."""
     if not shared_weights(model):
         return "no MatMul weight is read in two graphs"
-    own = sorted({node.input[1] for _, _, graph in graph_paths(model.proto.graph)[1:] for node in graph.node
-                  if node.op_type in KERNELS and len(node.input) > 1 and node.input[1] in
-                  {t.name for t in graph.initializer}})
+    own = sorted({node.input[1] for _, _, graph in graph_paths(model.proto.graph)[1:]
+                  for names in [{t.name for t in graph.initializer}] for node in graph.node
+                  if node.op_type in KERNELS and len(node.input) > 1 and node.input[1] in names})
     if own:
         return f"a branch holds MatMul weights of its own ({own[0]})"
     others = sorted({p["kernel"] for p in found.get("prepacked", []) if p["kernel"] not in PACKING})

@@ -116,8 +116,8 @@ def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):
         size = f"{size / 2**20:.1f} MiB" if size >= 2**20 // 10 else f"{size} bytes"
         changed.append(f"the {len(weights)} weight{'s' if len(weights) != 1 else ''} its branches share ({size}, each "
                        "prepacked once per branch before) read in place")
-    branches = any(v.name == "use_cache_branch" for v in model.proto.graph.input)
-    feeds = describe(shape) + (", both branches of use_cache_branch" if branches else "") + "".join(
+    merged = any(v.name == "use_cache_branch" for v in model.proto.graph.input)
+    feeds = describe(shape) + (", both branches of use_cache_branch" if merged else "") + "".join(
         f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
     against = f" with the export's run under {counting.NO_PREPACKING}" if weights else ""
     return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "
