@@ -17,8 +17,10 @@ def save_together(models, folder, data_name="model.data", min_external_bytes=102
     `data_name` there that each of them names: each distinct tensor's bytes are written once (same type, dims and
     bytes, by digest) at an aligned offset, so a table several files hold is stored once and two sessions map the
     same pages. The folder is staged beside `folder` and renamed into place: it appears whole or not at all, and
-    an existing one is refused. Returns the paths written. The models passed in are not changed."""
+    an existing one is refused. Every name must stay inside it (check_names): nothing is written anywhere else.
+    Returns the paths written. The models passed in are not changed."""
     folder = os.path.abspath(os.fspath(folder))
+    check_names([name for name, _, _ in models], data_name)
     if os.path.lexists(folder):
         raise FileExistsError(f"{folder} exists; refusing to overwrite it")
     staging = tempfile.mkdtemp(prefix=f".saving-{os.getpid()}-", dir=os.path.dirname(folder))  # see inspect.guard
@@ -63,6 +65,28 @@ def save_together(models, folder, data_name="model.data", min_external_bytes=102
             data.close()
         shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+def check_names(names, data_name):
+    """ValueError (one line) unless every name in `names` is a relative, normalized path inside the folder (no
+    absolute name, no `..`, no `.` parts), each once, none the data file `data_name` of its directory or a folder
+    another name needs: the staging folder's names are these, joined as given."""
+    taken = set()
+    for name in names:
+        if not isinstance(name, str) or not name or os.path.isabs(name) or os.path.normpath(name) != name \
+                or name.split(os.sep)[0] == os.pardir or "\x00" in name:
+            raise ValueError(f"{name!r}: not a name inside the folder (absolute, or with '..' or '.' parts)")
+        if os.path.basename(name) == data_name:
+            raise ValueError(f"{name!r}: the name of the data file the models share; choose another data_name")
+        if name in taken:
+            raise ValueError(f"{name!r}: named twice")
+        taken.add(name)
+    for name in names:
+        parent = os.path.dirname(name)
+        while parent:
+            if parent in taken:
+                raise ValueError(f"{parent!r}: both a model file and the folder of {name!r}")
+            parent = os.path.dirname(parent)
 
 
 def _digest(array, chunk=16 * 2**20):

@@ -168,14 +168,22 @@ def _indexed(model):
     return hit[1], hit[2]
 
 
-def copies_held(names, optimized, prepacked, prepacking):
-    """How many copies of the tensors `names` (a table, a duplicate of it, the copies folded from them) a session
-    holds: those the optimized model keeps, plus the prepacked copies of them when prepacking is on, less each
-    original every reader of which prepacked it (onnxruntime then frees it)."""
+def originals_held(names, optimized, prepacked, prepacking):
+    """Which of the tensors `names` a session keeps as they are stored: those its optimized model keeps, less each
+    every reader of which prepacked it when prepacking is on (onnxruntime then frees it)."""
     kept, reading = _indexed(optimized)  # names of subgraph initializers scoped()
     present = [n for n in dict.fromkeys(names) if n in kept]
     if not prepacking:
-        return len(present)
+        return present
     packed = {n: sum(p["initializer"] == n for p in prepacked) for n in present}
-    released = sum(1 for n in present if packed[n] and packed[n] >= len(reading.get(n, [])))
-    return len(present) + sum(packed.values()) - released
+    return [n for n in present if not (packed[n] and packed[n] >= len(reading.get(n, [])))]
+
+
+def copies_held(names, optimized, prepacked, prepacking):
+    """How many copies of the tensors `names` (a table, a duplicate of it, the copies folded from them) a session
+    holds: those it keeps as stored (originals_held), plus the prepacked copies of them when prepacking is on."""
+    held = originals_held(names, optimized, prepacked, prepacking)
+    if not prepacking:
+        return len(held)
+    present = [n for n in dict.fromkeys(names) if n in _indexed(optimized)[0]]
+    return len(held) + sum(1 for p in prepacked for n in present if p["initializer"] == n)

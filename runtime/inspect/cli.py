@@ -52,6 +52,21 @@ safely, or one that cannot be proven on this machine (onnxruntime cannot run the
 or --timeout passed (one line on stderr); 130 / 143 / 129 interrupted, terminated, hung up (nothing left behind)."""
 
 
+class _Held:
+    """A stream whose writes are held until release(): with --json, a retie's lines reach stderr only once it ends
+    with a status of its own, so that an error (exit 2) is the one line there."""
+
+    def __init__(self, stream):
+        self.stream, self.lines = stream, []
+
+    def write(self, text):
+        self.lines.append(text)
+
+    def release(self):
+        self.stream.write("".join(self.lines))
+        self.lines = []
+
+
 class _Clean:
     """A stream whose write() makes each line printable."""
 
@@ -108,7 +123,7 @@ def _check_out_folder(out, model):
     if os.path.commonpath([inside, os.path.realpath(model)]) == os.path.realpath(model):
         raise InspectError(f"--retie {out}: inside the model's folder; name a folder elsewhere")
     try:
-        graphs.storage.check_output(out, "--retie OUT")  # UTF-8, in a folder that exists and may be written
+        graphs.storage.check_output(out.rstrip(os.sep) or out, "--retie OUT")  # UTF-8, its parent there, writable
     except ValueError as e:
         raise InspectError(str(e)) from None
 
@@ -231,8 +246,9 @@ def main(argv=None, supervised=True):
 def _work(args, prog, folder):
     """The command itself, in guard's worker: the report, and OUT if --retie; its exit status."""
     memory = None if args.memory_limit is None else int(args.memory_limit * isolated.GiB)
-    progress = Progress(enabled=True)  # stderr, on a terminal only
+    progress = Progress(enabled=True, clean=printable)  # stderr, on a terminal only; file names escaped
     limits = isolated.Limits(args.timeout, memory, progress, guard.committing)
+    said = _Held(sys.stderr) if args.json else sys.stdout  # a retie's lines: stdout holds the report, or the JSON
     try:
         if os.path.isdir(args.model):
             result = inspect_folder(args.model, folder, limits, args.proof_past, args.files, args.static)
@@ -242,12 +258,12 @@ def _work(args, prog, folder):
             else:
                 folder_report(result, _Clean(sys.stdout))
             if args.retie is not None:
-                return retie_folder(result, args.retie, folder, limits, _writer(sys.stderr if args.json else sys.stdout,
-                                                                               progress))
+                status = retie_folder(result, args.retie, folder, limits, _writer(said, progress))
+                return _released(said, status)
             return 1 if args.check and folder_held_twice(result) else 0
         info = inspect_model(args.model, folder, limits, args.proof_past, args.static)
         progress.done()
-        say = _writer(sys.stderr if args.json else sys.stdout, progress)
+        say = _writer(said, progress)
         if args.json:  # json.dumps escapes every control and non-ASCII character itself
             sys.stdout.write(json.dumps(as_json(info, args.model), indent=2) + "\n")
         else:
@@ -255,7 +271,7 @@ def _work(args, prog, folder):
         if args.retie is None:
             return 1 if args.check and held_twice(info) else 0
         try:
-            return retie(info["model"], info, args.retie, folder, limits, say)
+            return _released(said, retie(info["model"], info, args.retie, folder, limits, say))
         finally:
             progress.done()
     except (InspectError, FileExistsError) as e:
@@ -280,6 +296,13 @@ def _work(args, prog, folder):
         return 128 + e.signum
     finally:
         progress.done()
+
+
+def _released(said, status):
+    """`status`, a retie's own (0 or 1), once its held lines (--json) are on stderr."""
+    if isinstance(said, _Held):
+        said.release()
+    return status
 
 
 def console():

@@ -6,27 +6,36 @@ from runtime.inspect.findings import counting
 from runtime.inspect.findings.relations import copy_key, relate, runtime_copies, vocabulary
 from runtime.inspect.graph.walk import find_tables_and_heads, lookup_ids
 from runtime.inspect.graph.weights import shared_weights
+from runtime.inspect.read import paths
 from runtime.inspect.read.model import load
 from runtime.inspect.read.text import InspectError
 from runtime.inspect.sandbox import feeds, isolated, memory
 from runtime.resident import prepacked_copies, unscoped
 
 
-def inspect_model(path, folder, limits=None, proof_past=None, static=False, measure=True):
+def inspect_model(path, folder, limits=None, proof_past=None, static=False, measure=True, root=None):
     """Everything the report shows, as one dict (the --json output plus what --retie needs).
 
     `folder` is a scratch folder for onnxruntime's optimized model; `limits` bound the isolated child;
     `proof_past` the past length of the decoder feeds it runs the model on (default: feeds.plan's); `static`:
     from the files alone, onnxruntime never started (no runtime copies, nothing counted in memory); `measure`:
-    False counts the copies a session holds without measuring one (a folder measures its files together)."""
+    False counts the copies a session holds without measuring one (a folder measures its files together); `root`:
+    where the file must really lie when it is opened (a folder's: read.paths.root_of), default anywhere."""
     if static:
-        return _from_files(path, limits or isolated.Limits(), proof_past)
-    return start(path, folder, limits, proof_past, measure).finish()
+        return _from_files(path, limits or isolated.Limits(), proof_past, root)
+    return start(path, folder, limits, proof_past, measure, root).finish()
 
 
-def start(path, folder, limits=None, proof_past=None, measure=True):
+def start(path, folder, limits=None, proof_past=None, measure=True, root=None):
     """inspect_model begun (an Examination): the file read, the optimizing child started, the tables related."""
-    return Examination(path, folder, limits, proof_past, measure)
+    return Examination(path, folder, limits, proof_past, measure, root)
+
+
+def _read(path, limits, root):
+    """The Model at `path`, read where read.paths.model_path says, inside `root` (or its own)."""
+    limits.progress(f"reading and checking {path}")
+    path, own = paths.model_path(path)
+    return load(path, root=root or own)
 
 
 class Examination:
@@ -34,12 +43,10 @@ class Examination:
     a child; finish() measures (unless `measure` is False), waits for the child and gives inspect_model's dict.
     Several files started before any finishes build their optimized models side by side."""
 
-    def __init__(self, path, folder, limits=None, proof_past=None, measure=True):
+    def __init__(self, path, folder, limits=None, proof_past=None, measure=True, root=None):
         self.limits = limits = limits or isolated.Limits()
-        limits.progress(f"reading and checking {path}")
-        path = os.path.realpath(path)  # what the child opens is what was checked: `link/..` as the OS resolves it
-        self.model = model = load(path)
-        self.shape = feeds.plan(model.proto, path, proof_past)
+        self.model = model = _read(path, limits, root)
+        self.shape = feeds.plan(model.proto, model.path, proof_past)
         self.folder = folder
         self.job = {"kind": "optimize", "checked": model.checked, "out": os.path.join(folder, "optimized.onnx"),
                     "folder": folder}
@@ -127,11 +134,10 @@ def found(model, tables, heads, pairs, rows, shape, optimized_path, version, mea
             "prepacked": prepacked, "branch_weights": branch_weights(model)}
 
 
-def _from_files(path, limits, proof_past):
+def _from_files(path, limits, proof_past, root):
     """inspect_model(static=True): what the files say, in the time it takes to read them."""
-    limits.progress(f"reading and checking {path}")
-    path = os.path.realpath(path)
-    model = load(path)
+    model = _read(path, limits, root)
+    path = model.path
     tables, heads = find_tables_and_heads(model)
     pairs = relate(model, tables, heads)
     initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,

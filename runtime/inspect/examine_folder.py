@@ -4,6 +4,7 @@ import os
 from runtime.inspect import examine
 from runtime.inspect.findings import counting
 from runtime.inspect.findings.across import config_tie, held_together, relate_files, tie_finding
+from runtime.inspect.read import paths as read_paths
 from runtime.inspect.read.layout import client_files
 from runtime.inspect.sandbox import isolated, memory
 
@@ -17,18 +18,19 @@ def _examined(folder, files, scratch, limits, proof_past):
     for path in where:
         os.mkdir(path)
     paths = [os.path.join(folder, name) for name in files]
+    root = read_paths.root_of(folder)  # each file must still lie there when it is opened
     total = sum(os.path.getsize(p) for p in paths)
     if isolated.side_by_side(total, len(paths)):
         started = []
         try:
             for path, scratch_of in zip(paths, where):
-                started.append(examine.start(path, scratch_of, limits, proof_past, measure=False))
+                started.append(examine.start(path, scratch_of, limits, proof_past, measure=False, root=root))
             infos = [s.finish() for s in started]
         finally:
             for s in started:
                 s.stop()
     else:
-        infos = [examine.inspect_model(p, w, limits, proof_past, measure=False) for p, w in zip(paths, where)]
+        infos = [examine.inspect_model(p, w, limits, proof_past, measure=False, root=root) for p, w in zip(paths, where)]
     together = os.path.join(scratch, "together")
     os.mkdir(together)
     parts = [{"checked": i["model"].checked, "rows": i["rows"], "shape": i["shape"]} for i in infos if i["rows"]]
@@ -45,8 +47,9 @@ def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static
     in `scratch`; `static`: onnxruntime is never started (nothing counted in memory)."""
     files, rule = client_files(folder, chosen)
     if static:  # from the files alone: nothing is written, so no scratch folder is made
+        root = read_paths.root_of(folder)
         items, measured = _items(files, [examine.inspect_model(os.path.join(folder, name), None, limits, proof_past,
-                                                               static=True) for name in files]), {}
+                                                               static=True, root=root) for name in files]), {}
     else:
         items, measured = _examined(folder, files, scratch, limits, proof_past)
     across = relate_files(items)

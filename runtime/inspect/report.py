@@ -42,7 +42,12 @@ def report(info, path, out):
     w("logits heads (a matmul weight of a table's shape): " + (", ".join(logits) or "none") +
       (f"; other matmul weights: {len(others)} ({', '.join(ops)})" if others else "") + "\n")
     distinct = [p for p in info["pairs"] if p["relation"] == "distinct"]
+    related = [p for p in info["pairs"] if p["relation"] != "distinct"]
     listed = [p for p in info["pairs"] if p["relation"] != "distinct" or len(distinct) <= _DISTINCT_LISTED]
+    if len(related) > _DISTINCT_LISTED:  # many equal tables: a line per set of them, not one per pair
+        listed = [p for p in listed if p["relation"] == "distinct"]
+        for line in _many_related(related):
+            w(line + "\n")
     for p in listed:
         unit = "their mean scale" if p["both_quantized"] else "the quantized one's scale"
         gap = (f" (largest difference {p['max_error_in_scales']:.3g} of {unit})"
@@ -61,6 +66,26 @@ def report(info, path, out):
         w(f"weights {len(graphs)} graphs share: {len(shared)} matmul weights, {sum(b['bytes'] for b in shared)} bytes, "
           f"read in {', '.join(graphs)}; under onnxruntime's defaults each graph's kernels prepack their own copy "
           "(held once per graph; a --retie that rewrites this file reads them in place where its proof holds)\n")
+
+
+def _many_related(related):
+    """One line per set of tables that the same heads hold the values of (each table/head pair under --json)."""
+    heads = {}
+    for p in related:
+        heads.setdefault(p["table"], {})[p["head"]] = p
+    sets = {}
+    for table, found in heads.items():
+        sets.setdefault(frozenset(found), []).append(table)
+    for names, tables in sets.items():
+        found = [heads[t][h] for t in tables for h in names]
+        kinds = {}
+        for p in found:
+            kinds[p["relation"]] = kinds.get(p["relation"], 0) + 1
+        table, head = min(tables), min(names)
+        yield (f"{len(tables)} table(s) ({table}{', ...' if len(tables) > 1 else ''}) and {len(names)} head(s) "
+               f"({head}{', ...' if len(names) > 1 else ''}) hold the same values: {len(found)} pairs, "
+               + ", ".join(f"{n} {k}" for k, n in kinds.items())
+               + f"; {sum(heads[tables[0]][h]['wasted_bytes'] for h in names)} bytes wasted in the file")
 
 
 def _runtime_copies(info, w):
@@ -128,7 +153,7 @@ def _held(entry, error, measured="MiB resident after a run"):
             return "not measured"
         ratio = ("the table too small for a ratio" if held["times_table"] is None else
                  f"{held['times_table']:.2f}x the table beyond the other weights")
-        return (f"+{held['resident_bytes'] / 2**20:.1f} {measured}, {held['anonymous_bytes'] / 2**20:.1f} "
+        return (f"{held['resident_bytes'] / 2**20:+.1f} {measured}, {held['anonymous_bytes'] / 2**20:.1f} "
                 f"anonymous and {held['file_bytes'] / 2**20:.1f} file-backed: {ratio}")
     defaults, off = entry["defaults"], entry["no_prepacking"]
     if defaults["copies"] is None:
@@ -190,17 +215,40 @@ def folder_report(result, out):
             w(f"  config: tie_word_embeddings {str(v['config_tie']).lower()}; the graph "
               f"{'scores with this table' if v['tied'] else 'has no head reading these values'}"
               f"{'' if v['tie_finding'] else ': as the config says'}\n")
-    for p in across["pairs"]:
-        a, b = (f"{x['file']} {x['name']}" + ("" if x["graph"] == "main" else f" (in {x['graph']})")
-                for x in (p["a"], p["b"]))
-        w(f"pair {a} / {b}: {p['relation']}, {p['wasted_bytes']} bytes wasted on disk\n")
+    for line in _same_across(across["pairs"]):
+        w(line + "\n")
     if not across["pairs"]:
         w("no table held in more than one file\n")
 
 
+_NAMED = 8  # files named on a line that says how many hold one table; the rest counted (--json names each)
+
+
+def _same_across(pairs):
+    """One line per tensor other files hold copies of (relate_files pairs each copy with the first it found, as
+    `a`): a pair where there is one copy, else how many files hold it, a few of them named."""
+    side = lambda x: f"{x['file']} {x['name']}" + ("" if x["graph"] == "main" else f" (in {x['graph']})")
+    copies = {}
+    for p in pairs:
+        copies.setdefault(tuple(p["a"].values()), (p["a"], []))[1].append(p)
+    for a, found in copies.values():
+        if len(found) == 1:
+            p = found[0]
+            yield f"pair {side(a)} / {side(p['b'])}: {p['relation']}, {p['wasted_bytes']} bytes wasted on disk"
+            continue
+        files = list(dict.fromkeys([a["file"]] + [p["b"]["file"] for p in found]))
+        kinds = {}
+        for p in found:
+            kinds[p["relation"]] = kinds.get(p["relation"], 0) + 1
+        named = ", ".join(files[1:_NAMED + 1]) + (f" and {len(files) - 1 - _NAMED} more" if len(files) > _NAMED + 1
+                                                     else "")
+        yield (f"{len(files)} files hold the same table as {side(a)} ({', '.join(f'{n} {k}' for k, n in kinds.items())}"
+               f"; {sum(p['wasted_bytes'] for p in found)} bytes wasted on disk): {named}")
+
+
 def folder_json(result):
     """What --json prints of a folder."""
-    vocabulary = [{k: v for k, v in group.items() if k not in ("members", "shared_links")}
+    vocabulary = [{k: v for k, v in group.items() if k != "members"}
                   for group in result["across"]["vocabulary"]]
     return {"model": result["folder"], "onnxruntime": result["onnxruntime"], "rule": result["rule"],
             "files": [{"path": it["file"], **as_json(it["info"])} for it in result["items"]],

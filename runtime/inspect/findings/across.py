@@ -6,10 +6,10 @@ import json
 import os
 
 from runtime.inspect.findings import counting
-from runtime.inspect.findings.relations import Digests, copy_key, quantized_relation, same_values, stored_as_table
+from runtime.inspect.findings.relations import Digests, Values, copy_key, quantized_relation, stored_as_table
 from runtime.inspect.read import sidecars
 from runtime.inspect.read.model import label
-from runtime.resident import copies_held
+from runtime.resident import copies_held, originals_held
 
 _TIES = ("shared", "duplicate", "transposed_duplicate")
 
@@ -33,22 +33,23 @@ def _side(item, entry):
     return {"file": item["file"], "name": entry["initializer"], "graph": entry.get("graph", "main")}
 
 
-def _across(a_item, a, b_item, b, digests):
-    """(relation, wasted bytes) of entries `a` and `b` from two files, or None when they are not the same values."""
+def _quantized_across(a_item, a, b_item, b):
+    """(relation, wasted bytes) of entries `a` and `b` from two files, one of them quantized, or None when neither
+    holds the other's values."""
+    both = _TwoFiles(a_item["model"], b_item["model"])
+    relation, wasted, _ = quantized_relation(both, both.entry(0, a), both.entry(1, b),
+                                             stored_as_table(a) != stored_as_table(b))
+    return None if relation == "distinct" else (relation, wasted)
+
+
+def _same_across(a_item, a, b_item, b):
+    """(relation, wasted bytes) of entries `a` and `b` from two files known to hold the same values: `shared` where
+    both name the same bytes of one data file as the same layout (onnxruntime-genai's shared initializers)."""
     ta, tb = a_item["model"].tensors[a["initializer"]], b_item["model"].tensors[b["initializer"]]
     transposed = stored_as_table(a) != stored_as_table(b)
     if ta.external is not None and ta.external == tb.external and not transposed and ta.dims == tb.dims:
-        return "shared", 0  # the same bytes of one data file (onnxruntime-genai's shared initializers)
-    if a.get("quant") or b.get("quant"):
-        both = _TwoFiles(a_item["model"], b_item["model"])
-        relation, wasted, _ = quantized_relation(both, both.entry(0, a), both.entry(1, b), transposed)
-        return None if relation == "distinct" else (relation, wasted)
-    da, db = digests[a_item["file"]](a), digests[b_item["file"]](b)
-    if da is not None and db is not None and da != db:
-        return None
-    if same_values(ta, tb, transposed=transposed):
-        return ("transposed_duplicate" if transposed else "duplicate"), b["bytes"]
-    return None
+        return "shared", 0
+    return ("transposed_duplicate" if transposed else "duplicate"), b["bytes"]
 
 
 class _TwoFiles:
@@ -81,17 +82,12 @@ class _TwoFiles:
 
 
 def relate_files(items):
-    """{"pairs", "vocabulary"} across the files: `items` [{file, model, info}] (info: examine.inspect_model's)."""
-    digests = {item["file"]: Digests(item["model"]) for item in items}
-    entries = []  # (item, entry, role): every table and head, each stored tensor once per file and orientation
-    seen = set()
-    for item in items:
-        for role, found in (("lookup", item["info"]["tables"]), ("head", item["info"]["heads"])):
-            for entry in found:
-                key = (item["file"], entry["initializer"], stored_as_table(entry))
-                if key not in seen:
-                    seen.add(key)
-                    entries.append((item, entry, role))
+    """{"pairs", "vocabulary"} across the files: `items` [{file, model, info}] (info: examine.inspect_model's).
+
+    Equal values are grouped, not paired: each entry is related to the first entry of its values in another file
+    (relations.Values: a fingerprint each, one comparison each), so n files holding one table give n - 1 pairs, all
+    naming that first one as `a`. A quantized entry is compared with the first of each value of its shape."""
+    entries = _entries(items)
     parent = list(range(len(entries)))
 
     def root(i):
@@ -99,37 +95,94 @@ def relate_files(items):
             parent[i] = parent[parent[i]]
             i = parent[i]
         return i
-    index = {(it["file"], e["initializer"]): i for i, (it, e, _) in enumerate(entries)}
+
+    def join(i, j):
+        parent[root(j)] = root(i)
+    first_of_name = {}
+    for i, (it, e, _) in enumerate(entries):  # one tensor read as a table and as a head is one tensor
+        key = (it["file"], e["initializer"])
+        if key in first_of_name:
+            join(first_of_name[key], i)
+        first_of_name.setdefault(key, i)
     for item in items:  # ties inside each file, as its own report found them
         for p in item["info"]["pairs"]:
             if p["relation"] in _TIES:
-                parent[root(index[(item["file"], p["head"])])] = root(index[(item["file"], p["table"])])
-    pairs = []
-    for i, (a_item, a, _) in enumerate(entries):
-        for j in range(i + 1, len(entries)):
-            b_item, b, _ = entries[j]
-            if a_item is b_item or (a["vocab"], a["width"]) != (b["vocab"], b["width"]):
-                continue
-            found = _across(a_item, a, b_item, b, digests)
-            if found:
-                pairs.append({"a": _side(a_item, a), "b": _side(b_item, b), "relation": found[0],
-                              "wasted_bytes": found[1]})
-                parent[root(j)] = root(i)
+                join(first_of_name[(item["file"], p["table"])], first_of_name[(item["file"], p["head"])])
+    digests = {item["file"]: Digests(item["model"]) for item in items}
+    values, firsts, quantized, pairs = Values(), {}, {}, []
+
+    def related(i, j, found):
+        pairs.append({"a": _side(*entries[i][:2]), "b": _side(*entries[j][:2]), "relation": found[0],
+                      "wasted_bytes": found[1]})
+        join(i, j)
+    for j, (item, entry, _) in enumerate(entries):
+        shape = (entry["vocab"], entry["width"])
+        if entry.get("quant"):
+            _relate_quantized(j, entries, quantized.setdefault(shape, []), firsts.get(shape, {}), related)
+            continue
+        number = values.of(item["model"], digests[item["file"]], entry)
+        known = firsts.setdefault(shape, {})
+        key = ("alone", j) if number is None else number
+        if key not in known:
+            known[key] = j
+            for q in quantized.get(shape, []):  # a quantized entry seen before it
+                if entries[q][0] is not item and (found := _quantized_across(item, entry, *entries[q][:2])):
+                    related(j, q, found)
+                    break
+        elif entries[known[key]][0] is not item:
+            related(known[key], j, _same_across(*entries[known[key]][:2], item, entry))
+        else:  # the same values twice in one file: one table (its own report says how it is held)
+            join(known[key], j)
     groups = {}
     for i in range(len(entries)):
         groups.setdefault(root(i), []).append(i)
-    vocabulary = [_group(items, [entries[i] for i in members], pairs)
+    vocabulary = [_group(items, [entries[i] for i in members])
                   for members in groups.values() if any(entries[i][2] == "lookup" for i in members)]
     return {"pairs": pairs, "vocabulary": vocabulary}
 
 
-def _group(items, members, pairs):
-    """The across-files vocabulary entry of one table and every copy of it."""
+def _relate_quantized(j, entries, quantized, floats, related):
+    """Relate quantized entry j to the first quantized entry of another file holding its values (a duplicate, or a
+    second quantization of one table), else to the first float value of its shape it holds up to rounding; it is
+    then the first of its values among `quantized` unless it duplicates one."""
+    item, entry, _ = entries[j]
+    for i in quantized:
+        found = entries[i][0] is not item and _quantized_across(*entries[i][:2], item, entry)
+        if found:
+            related(i, j, found)
+            if found[0] not in _TIES:
+                quantized.append(j)
+            return
+    quantized.append(j)
+    for i in floats.values():  # at most one float value is this one up to rounding
+        found = entries[i][0] is not item and _quantized_across(*entries[i][:2], item, entry)
+        if found:
+            related(i, j, found)
+            return
+
+
+def _entries(items):
+    """[(item, entry, role)]: every table and head of every file, each stored tensor once per file and orientation
+    (its lookup's entry; a head's too where only the head says how it is quantized)."""
+    entries, seen = [], {}
+    for item in items:
+        for role, found in (("lookup", item["info"]["tables"]), ("head", item["info"]["heads"])):
+            for entry in found:
+                key = (item["file"], entry["initializer"], stored_as_table(entry))
+                if key not in seen or (entry.get("quant") and not entries[seen[key]][1].get("quant")):
+                    seen[key] = len(entries)
+                    entries.append((item, entry, role))
+    return entries
+
+
+def _group(items, members):
+    """The across-files vocabulary entry of one table and every copy of it: stored once per distinct bytes (a data
+    file's range, or a file's own tensor: one file named twice, or linked, is one file)."""
     item, table, _ = next(m for m in members if m[2] == "lookup")
     stored, identities = [], set()
     for it, entry, _ in members:
         tensor = it["model"].tensors[entry["initializer"]]
-        identity = tensor.external or (it["file"], entry["initializer"])
+        identity = tensor.external or (os.path.realpath(it["model"].path), entry["initializer"])
         if identity not in identities:
             identities.add(identity)
             stored.append({"file": it["file"], "name": entry["initializer"], "bytes": entry["bytes"]})
@@ -139,30 +192,35 @@ def _group(items, members, pairs):
         for role, found in (("lookup", it["info"]["tables"]), ("head", it["info"]["heads"])):
             readers += [{"file": it["file"], "node": label(e["node"]), "role": role, "graph": e.get("graph", "main")}
                         for e in found if e["initializer"] in names]
-    sides = {(it["file"], e["initializer"]) for it, e, _ in members}
-    shared_links = sum(1 for p in pairs if p["relation"] == "shared" and (p["a"]["file"], p["a"]["name"]) in sides)
     kind = next((v["kind"] for v in item["info"]["vocabulary"] if v["table"] == table["initializer"]), "token")
     return {"table": table["initializer"], "file": item["file"], "graph": table.get("graph", "main"),
             "vocab_size": table["vocab"], "width": table["width"], "format": table["format"],
             "bytes": table["bytes"], "kind": kind, "copies_on_disk": len(stored),
             "wasted_bytes": sum(s["bytes"] for s in stored[1:]), "stored": stored, "readers": readers,
-            "tied": any(r["role"] == "head" for r in readers), "members": members, "shared_links": shared_links}
+            "tied": any(r["role"] == "head" for r in readers), "members": members}
 
 
 def held_together(group, items, measured, other_bytes):
-    """The group's `in_memory`: per setting, copies every file's session holds (summed; a data file's bytes that two
-    files name count once) and the Pss the sessions together added (measure_together)."""
+    """The group's `in_memory`: per setting, the copies every file's session holds, counted by distinct stored bytes
+    (a range of a data file that several files name is mapped, its pages held once, however many files name it)
+    and the Pss the sessions together added (measure_together)."""
     entry = {}
     for setting, prepacking in counting.SETTINGS.items():
-        copies = 0
+        copies, mapped = 0, set()
         for it in items:
             names = [e["initializer"] for i, e, _ in group["members"] if i is it]
             if not names:
                 continue
             folded = [copy_key(c) for c in it["info"]["runtime_copies"]
                       if c.get("copy_of") in names and c.get("view") != "prepacked"]
-            copies += copies_held(names + folded, it["info"]["optimized"].proto, it["info"]["prepacked"], prepacking)
-        copies -= group["shared_links"]  # one data file's bytes named by two files: mapped pages, held once
+            optimized, prepacked = it["info"]["optimized"].proto, it["info"]["prepacked"]
+            copies += copies_held(names + folded, optimized, prepacked, prepacking)
+            for name in originals_held(names, optimized, prepacked, prepacking):
+                tensor = it["model"].tensors.get(name)
+                if tensor is not None and tensor.external is not None:
+                    if tensor.external in mapped:  # these bytes are held already, by another name
+                        copies -= 1
+                    mapped.add(tensor.external)
         entry[setting] = counting.held(copies, measured.get(setting), group["bytes"], other_bytes)
     return entry
 

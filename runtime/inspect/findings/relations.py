@@ -38,23 +38,19 @@ def relate(model, tables, heads):
     whatever layout), `quantized_copy` (a float table and a quantized one holding its values up to rounding:
     max_error_in_scales is their largest difference in units of the quantized one's scale; or two quantizations
     of one table, in units of their mean scale, the head's bytes wasted; never a tie), or `distinct`."""
-    pairs, digest = [], Digests(model)
+    pairs, digest, values = [], Digests(model), Values()
     by_shape = {}
     for head in heads:
         by_shape.setdefault((head["vocab"], head["width"]), []).append(head)
     for table in tables:
-        t = model.tensors[table["initializer"]]
         for head in by_shape.get((table["vocab"], table["width"]), []):
-            h = model.tensors[head["initializer"]]
             transposed = stored_as_table(table) != stored_as_table(head)
             gap = None
             if head["initializer"] == table["initializer"]:
                 relation, wasted = "shared", 0
             elif table.get("quant") or head.get("quant"):
                 relation, wasted, gap = quantized_relation(model, table, head, transposed)
-            elif digest(table) != digest(head):  # one hash per tensor, not one comparison per pair
-                relation, wasted = "distinct", 0
-            elif same_values(t, h, transposed=transposed) and _same_scales(model, table["scales"], head["scales"]):
+            elif values.same(model, digest, table, head) and _same_scales(model, table["scales"], head["scales"]):
                 relation, wasted = ("transposed_duplicate" if transposed else "duplicate"), head["bytes"]
             else:
                 relation, wasted = "distinct", 0
@@ -103,6 +99,42 @@ class Digests:
             squares += int(np.multiply(chunk, chunk, out=chunk).sum(dtype=np.uint64))
         rows = tuple(tensor.dims) if as_table else tuple(tensor.dims[::-1])
         return tensor.data_type, rows, total % 2**64, squares % 2**64
+
+
+class Values:
+    """Which tables and heads hold the same values, each tensor read at most twice however many it is related to:
+    once for its fingerprint (Digests), once against the first tensor of that fingerprint (same_values). Holding
+    the same values is an equivalence, so two entries hold the same values exactly when they are of one class:
+    relating n entries costs n reads, not n^2 comparisons (many equal tables in one file, or many files)."""
+
+    def __init__(self):
+        self.classes, self.firsts = {}, {}  # (id(tensor), as_table) -> class; fingerprint -> [(tensor, as_table, class)]
+
+    def of(self, model, digests, entry):
+        """The class of `entry` (a table or head of `model`, fingerprinted by `digests`), or None where there is no
+        fingerprint (packed codes stored the other way round: told apart by nothing short of unpacking)."""
+        tensor, as_table = model.tensors[entry["initializer"]], stored_as_table(entry)
+        key = (id(tensor), as_table)
+        if key not in self.classes:
+            digest = digests(entry)
+            found = None
+            if digest is not None:
+                firsts = self.firsts.setdefault(digest, [])
+                found = next((number for first, first_as_table, number in firsts
+                              if same_values(first, tensor, transposed=first_as_table != as_table)), None)
+                if found is None:
+                    found = len(self.classes) + 1
+                    firsts.append((tensor, as_table, found))
+            self.classes[key] = found
+        return self.classes[key]
+
+    def same(self, model, digests, a, b):
+        """Whether entries `a` and `b` of `model` hold the same values (as stored or one transposed)."""
+        ca, cb = self.of(model, digests, a), self.of(model, digests, b)
+        if ca is None or cb is None:  # no fingerprint: compared as they lie
+            return same_values(model.tensors[a["initializer"]], model.tensors[b["initializer"]],
+                               transposed=stored_as_table(a) != stored_as_table(b))
+        return ca == cb
 
 
 ROUNDING = 1 + 2**-10  # half a scale rounding to nearest, up to one where a code range [-8, 7] clips its edge (MLAS)

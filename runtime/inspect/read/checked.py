@@ -4,6 +4,10 @@ import hashlib
 import os
 import stat
 
+import onnx
+
+from runtime.inspect.read import paths
+from runtime.inspect.read.model import all_tensors
 from runtime.inspect.read.text import InspectError
 
 
@@ -20,6 +24,11 @@ def source(checked):
         fd = os.open(checked["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO swapped in: no wait
     except OSError as e:
         raise Changed(f"{checked['path']}: {e.strerror} (after it was checked)") from None
+    if checked.get("root") is not None:
+        try:
+            paths.check_opened(fd, checked["path"], checked["root"], checked["path"])
+        except InspectError as e:
+            raise Changed(str(e)) from None
     with open(fd, "rb") as f:
         data = f.read(checked["size"] + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
     if hashlib.blake2b(data, digest_size=16).hexdigest() != checked["digest"]:
@@ -33,4 +42,25 @@ def source(checked):
         if now != identity:
             raise Changed(f"{path} changed after it was checked (now {now[2]} bytes, then {identity[2]}); nothing "
                           "of the model was run")
+    if checked.get("root") is not None and paths.hub_root(checked["folder"]) is not None:
+        return in_blobs(data, checked["folder"])
     return data, checked["folder"]
+
+
+def in_blobs(data, folder):
+    """(bytes, folder) for onnxruntime of a model in a hub cache snapshot `folder`: each external-data location
+    renamed to the blob its link leads to, and the blobs' folder. onnxruntime refuses a data file whose real path
+    leaves the folder it is told (a snapshot's files are links into blobs/); named by their blobs, they lie in it.
+    As they are where the data lie in more than one folder, or none is external."""
+    proto = onnx.ModelProto()
+    proto.ParseFromString(data)
+    folders = set()
+    for tensor, _ in all_tensors(proto.graph, proto.functions):
+        for entry in tensor.external_data if tensor.data_location == onnx.TensorProto.EXTERNAL else ():
+            if entry.key == "location":
+                real = os.path.realpath(os.path.join(folder, entry.value))
+                folders.add(os.path.dirname(real))
+                entry.value = os.path.basename(real)
+    if len(folders) != 1:
+        return data, folder
+    return proto.SerializeToString(), folders.pop()

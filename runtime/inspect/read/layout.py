@@ -2,7 +2,7 @@
 decoder (or the split pair), transformers.js's onnx/ layout at one dtype suffix, else every .onnx file."""
 import os
 
-from runtime.inspect.read import sidecars
+from runtime.inspect.read import paths, sidecars
 from runtime.inspect.read.text import InspectError
 
 SUFFIXES = ("", "_fp16", "_q4", "_q4f16", "_int8", "_uint8", "_quantized", "_bnb4")  # transformers.js dtypes
@@ -12,15 +12,24 @@ _ENCODERS = ("embed_tokens", "vision_encoder", "audio_encoder", "encoder_model")
 
 def client_files(folder, chosen=None):
     """(the .onnx files a client loads together, relative to `folder`, the rule that chose them). `chosen`: the
-    names --files gave. InspectError when the folder holds none."""
-    files, rule = _chosen_by_layout(folder, chosen)
-    for name in files:  # a link or a `..` out of the folder is not one of its files, whoever names it
-        path = os.path.realpath(os.path.join(folder, name))
-        if os.path.commonpath([path, os.path.realpath(folder)]) != os.path.realpath(folder):
-            raise InspectError(f"{'--files ' if chosen else ''}{name}: not inside {folder} (a link or a path out "
-                               f"of it, named by {rule})")
+    names --files gave. Each name is resolved once (read.paths.relative: absolute names and `..` made relative,
+    one file named twice kept once) and must really lie inside the folder (or, in a hub cache snapshot, its
+    repository); the names returned are those checked, and the only ones opened. InspectError when the folder holds
+    none, or a name leaves it."""
+    named, rule = _chosen_by_layout(folder, chosen)
+    root, files = paths.root_of(folder), []
+    for name in named:  # a link or a `..` out of the folder is not one of its files, whoever names it
+        what = f"{'--files ' if chosen else ''}{name}"
+        rel = paths.relative(folder, name)
+        if rel is None or not paths.inside(os.path.realpath(os.path.join(folder, rel)), root):
+            raise InspectError(f"{what}: not inside {folder} (a link or a path out of it, named by {rule})")
+        path = os.path.join(folder, rel)
+        if not os.path.lexists(path) or (os.path.islink(path) and not os.path.exists(path)):
+            raise InspectError(f"{what}: no such file in {folder}")
         if not os.path.isfile(path):
-            raise InspectError(f"{'--files ' if chosen else ''}{name}: no such file in {folder}")
+            raise InspectError(f"{what}: not a regular file (named by {rule})")
+        if rel not in files:
+            files.append(rel)
     return files, rule
 
 
@@ -31,7 +40,8 @@ def _chosen_by_layout(folder, chosen):
     genai = sidecars.genai_config(os.path.join(folder, sidecars.GENAI_CONFIG)) or {}
     section = genai.get("model") if isinstance(genai.get("model"), dict) else {}
     named = [part.get("filename") for part in section.values() if isinstance(part, dict)]
-    named = [n for n in named if isinstance(n, str) and n and os.path.lexists(os.path.join(folder, n))]
+    named = [n for n in named if isinstance(n, str) and n and "\x00" not in n
+             and os.path.lexists(os.path.join(folder, n))]
     if named:
         return list(dict.fromkeys(named)), "genai_config.json's model files"
     if os.path.isdir(os.path.join(folder, "onnx")):

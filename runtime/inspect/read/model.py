@@ -8,7 +8,6 @@ until a comparison reads it.
 import hashlib
 import math
 import os
-import stat
 
 import numpy as np
 import onnx
@@ -18,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from graphs.storage import (
     BITS,  # bits per element of each type that can be sized; a type not listed is a finding
 )
+from runtime.inspect.read import paths
 from runtime.inspect.read.text import InspectError
 
 FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)  # the float types
@@ -73,7 +73,8 @@ class Tensor:
 class Model:
     """A parsed model whose every tensor passed `check_tensor`: proto, {name: Tensor} of the main graph's
     initializers, `bodies` {graph path (graph_paths): {name: Tensor}} of its subgraphs' own, bytes on disk; `checked`
-    says which bytes and files were checked: {path, size, digest, folder, files: {path: [device, inode, size]}}
+    says which bytes and files were checked: {path, size, digest, folder, root (where the file must lie, or None),
+    files: {path: [device, inode, size]}}
     (runtime.inspect.read.checked.source hands onnxruntime those bytes and nothing else)."""
 
     def __init__(self, path, proto, tensors, file_bytes, folder, checked):
@@ -81,25 +82,9 @@ class Model:
         self.checked = checked
 
 
-def _regular_file(path, what):
-    """os.fstat of `path` opened once (never blocking: a FIFO is refused, not waited on), with the descriptor;
-    or InspectError unless it is a regular file it can read. A device is refused before it is opened (opening some
-    does something), and the descriptor is checked again."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise InspectError(f"{what}: not a regular file")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, ValueError) as e:
-        raise InspectError(f"{what}: {getattr(e, 'strerror', None) or e}") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block or never end
-        os.close(fd)
-        raise InspectError(f"{what}: not a regular file")
-    return info, fd
-
-
-def inside(folder, location, name):
-    """The real path of external-data `location` if it names a file inside `folder`; else InspectError."""
+def external_path(folder, location, name, root=None):
+    """The real path of external-data `location` (relative to `folder`) if it names a file inside `root` (default
+    `folder`; a hub snapshot's repository folder, whose data files are links into its blobs/); else InspectError."""
     odd = [c for c in location if ord(c) < 32 or c in "\\\x7f"]
     if not location or odd or _ORT_MEMORY_MARKER in location:
         raise InspectError(f"initializer {name!r}: external data location {location!r} is empty or holds odd "
@@ -108,7 +93,7 @@ def inside(folder, location, name):
         raise InspectError(f"initializer {name!r}: external data path {location!r} is not relative to the "
                            "model's folder; refused")
     path = os.path.realpath(os.path.join(folder, location))
-    if os.path.commonpath([path, folder]) != folder:
+    if not paths.inside(path, root or folder):
         raise InspectError(f"initializer {name!r}: external data path {location!r} escapes the model's folder; "
                            "refused")
     return path
@@ -120,14 +105,14 @@ def _count(value, key, name):
     return int(value)
 
 
-def _external(tensor, folder, nbytes, files):
+def _external(tensor, folder, nbytes, files, root):
     """(path, offset, length) of an external tensor, every number checked against the file."""
     info = {}
     for entry in tensor.external_data:
         if entry.key in info:
             raise InspectError(f"initializer {tensor.name!r}: external data key {entry.key!r} given twice")
         info[entry.key] = entry.value
-    path = inside(folder, info.get("location", ""), tensor.name)
+    path = external_path(folder, info.get("location", ""), tensor.name, root)
     offset = _count(info.get("offset", "0"), "offset", tensor.name)
     length = _count(info["length"], "length", tensor.name) if "length" in info else nbytes
     if length != nbytes:
@@ -135,7 +120,7 @@ def _external(tensor, folder, nbytes, files):
                            f"{list(tensor.dims)} of {_type_name(tensor)} need {nbytes} bytes")
     if path not in files:
         what = f"initializer {tensor.name!r}: external data {info['location']!r}"
-        stats, fd = _regular_file(path, what)
+        stats, fd = paths.open_regular(path, root or folder, what)
         os.close(fd)
         files[path] = [stats, 0, set()]
     files[path][2].add(os.path.join(folder, info["location"]))  # the name onnxruntime will open, links and all
@@ -169,8 +154,9 @@ def _type_name(tensor):
 _TYPED = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
 
 
-def check_tensor(tensor, folder, files):
-    """A Tensor for `tensor` if its type, dims and data agree; else InspectError naming what is wrong."""
+def check_tensor(tensor, folder, files, root=None):
+    """A Tensor for `tensor` if its type, dims and data agree; else InspectError naming what is wrong. External
+    data must lie inside `root` (default `folder`)."""
     what = f"initializer {tensor.name!r}"
     if tensor.data_type not in BITS:
         raise InspectError(f"{what}: data type {_type_name(tensor)} is unknown or unsupported here")
@@ -185,7 +171,7 @@ def check_tensor(tensor, folder, files):
     if tensor.HasField("segment"):
         raise InspectError(f"{what}: segmented tensors are not supported")
     if tensor.data_location == TensorProto.EXTERNAL:
-        return Tensor(tensor, nbytes, _external(tensor, folder, nbytes, files))
+        return Tensor(tensor, nbytes, _external(tensor, folder, nbytes, files, root))
     if tensor.data_location != TensorProto.DEFAULT:
         raise InspectError(f"{what}: unknown data_location {tensor.data_location}")
     if tensor.HasField("raw_data"):
@@ -238,7 +224,7 @@ def _bodies(graph, functions=()):
         yield from (g for _, _, g in graph_paths(root))
 
 
-def _all_tensors(graph, functions=()):
+def all_tensors(graph, functions=()):
     """Every TensorProto in `graph` and its subgraphs, and in the bodies of the model's `functions`: initializers,
     sparse parts, attribute tensors (onnxruntime inlines a function's nodes, Constants and all)."""
     for g in _bodies(graph, functions):
@@ -269,14 +255,17 @@ def _names_are_text(graph, functions=()):
             raise InspectError(f"a name is not valid UTF-8 ({bad[:60]!r}): not a valid ONNX model")
 
 
-def load(path, folder=None, data=None):
+def load(path, folder=None, data=None, root=None):
     """Parse `path` and check every tensor in it (main graph, subgraphs, attributes): a Model, or InspectError.
 
-    `folder` is where external data may live (default: the model's own folder). Nothing outside it is opened.
-    `data`: the file's bytes, already read (runtime.inspect.read.checked.source), parsed instead of reading it again.
+    `folder` is where external data may live (default: the model's own folder). Nothing outside it is opened,
+    except in a hub cache snapshot, whose data files may resolve anywhere in its repository folder.
+    `root`: where the model file itself must really lie when it is opened (a folder's root: a link swapped in
+    after the folder was checked is refused); default: anywhere. `data`: the file's bytes, already read
+    (runtime.inspect.read.checked.source), parsed instead of reading it again.
     """
     if data is None:
-        info, fd = _regular_file(path, os.fspath(path))
+        info, fd = paths.open_regular(path, root, os.fspath(path))
         with open(fd, "rb") as f:  # read once, from the descriptor checked: what is parsed is what was stat'ed
             data = _read_checked(f, info, path)
     proto = onnx.ModelProto()
@@ -287,10 +276,14 @@ def load(path, folder=None, data=None):
     if proto.ir_version <= 0 or not proto.opset_import or not proto.HasField("graph"):
         raise InspectError(f"{path}: not an ONNX model (no IR version, opset or graph)")
     _names_are_text(proto.graph, proto.functions)
-    folder = os.path.realpath(folder or os.path.dirname(os.path.realpath(path)))  # where the OS finds its data
+    if folder is None:  # where the OS finds its data: beside the file's real path, or in its hub snapshot
+        beside = os.path.dirname(os.path.abspath(path))
+        folder = beside if paths.hub_root(beside) else os.path.dirname(os.path.realpath(path))
+    folder = os.path.realpath(folder)
+    data_root = paths.hub_root(folder) or folder
     files, tensors, checked_of = {}, {}, {}
-    for tensor, top in _all_tensors(proto.graph, proto.functions):
-        checked = checked_of[id(tensor)] = check_tensor(tensor, folder, files)
+    for tensor, top in all_tensors(proto.graph, proto.functions):
+        checked = checked_of[id(tensor)] = check_tensor(tensor, folder, files, data_root)
         if top:
             if tensor.name in tensors:
                 raise InspectError(f"initializer {tensor.name!r} is defined twice")
@@ -300,7 +293,7 @@ def load(path, folder=None, data=None):
     _not_sparse(files)
     identities = {name: [info.st_dev, info.st_ino, info.st_size] for info, _, names in files.values() for name in names}
     checked = {"path": os.fspath(path), "size": len(data), "digest": hashlib.blake2b(data, digest_size=16).hexdigest(),
-               "folder": folder, "files": dict(sorted(identities.items()))}
+               "folder": folder, "root": root, "files": dict(sorted(identities.items()))}
     model = Model(path, proto, tensors, len(data) + sum(info.st_size for info, *_ in files.values()), folder, checked)
     model.bodies = bodies
     return model

@@ -7,6 +7,8 @@ import stat
 import tempfile
 
 from graphs.storage import umask
+from runtime.inspect.read import paths
+from runtime.inspect.read.text import InspectError
 
 MAX_BYTES = 16 * 2**20  # a config or tokenizer file larger than this is not one
 
@@ -20,16 +22,20 @@ NAMES = (GENAI_CONFIG, "config.json", "generation_config.json", "tokenizer.json"
 
 def read(model_path, name):
     """The bytes of sidecar `name` beside the model, or None (absent, not a regular file, a link out of the
-    folder, larger than MAX_BYTES). Opened without following a final link, checked on the descriptor."""
+    folder, larger than MAX_BYTES). Opened without following a final link (in a hub cache snapshot, where every
+    file is a link into the repository's blobs/, following it only there), checked on the descriptor."""
     folder = os.path.dirname(os.path.abspath(model_path))
     path = os.path.join(folder, name)
-    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder):
+    hub = paths.hub_root(folder)
+    if hub is None and os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder):
         return None
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):  # a device is not opened at all (opening some does something)
+        if not stat.S_ISREG((os.stat if hub else os.lstat)(path).st_mode):  # a device is not opened at all
             return None
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO swapped in does not block the open
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if hub else os.O_NOFOLLOW))  # a FIFO swapped in: no wait
+        if hub is not None:
+            paths.check_opened(fd, path, hub, name)
+    except (OSError, InspectError):
         return None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:  # swapped in since the lstat, or too large
@@ -89,6 +95,44 @@ def copy_beside(model_path, out_path):
     return lines
 
 
+def copy_into(folder, out, where=("",)):
+    """Copy the sidecars of `folder`'s top and of each of its subfolders `where` (those the client's files lie in)
+    to the same places in the new folder `out`, whose model files keep their names; genai_config.json is written
+    with each model file it names as the name that resolves to inside the folder (read.paths.relative: a
+    `../FOLDER/model.onnx` becomes `model.onnx`), so that OUT's config names OUT's files. One line per file."""
+    lines = []
+    for sub in dict.fromkeys(("",) + tuple(where)):
+        source = os.path.join(folder, sub, "model.onnx")  # read() takes a model's path: the sidecars beside it
+        for name in NAMES:
+            data = read(source, name)
+            if data is None:
+                continue
+            label = os.path.join(sub, name)
+            if name == GENAI_CONFIG:
+                data = _renamed(genai_config(source), os.path.join(folder, sub))
+                if data is None:
+                    lines.append(f"{label} not copied into OUT: not a JSON object, or nested too deep to rewrite")
+                    continue
+            lines.append(_claim(os.path.join(out, label), data, label, "into OUT"))
+    return lines
+
+
+def _renamed(config, folder):
+    """genai_config.json's bytes with each model file named as paths.relative resolves it, or None."""
+    if config is None:
+        return None
+    section = config.get("model") if isinstance(config.get("model"), dict) else {}
+    for part in section.values():
+        name = part.get("filename") if isinstance(part, dict) else None
+        rel = paths.relative(folder, name) if isinstance(name, str) else None
+        if rel is not None:
+            part["filename"] = rel
+    try:
+        return (json.dumps(config, indent=4) + "\n").encode()
+    except RecursionError:
+        return None
+
+
 def decoder_file(config):
     """The decoder file genai_config.json (as a dict) names, or None."""
     try:
@@ -98,23 +142,24 @@ def decoder_file(config):
     return name if isinstance(name, str) else None
 
 
-def _claim(path, data):
+def _claim(path, data, shown=None, place="beside OUT"):
     """Write `data` to a staging file, then link it to `path` only if nothing is there (never replaced). A file
-    that cannot be written (a full disk) is said in the line and skipped: OUT, already in place, stays whole."""
-    name = os.path.basename(path)
+    that cannot be written (a full disk) is said in the line and skipped: OUT, already in place, stays whole.
+    The line names it `shown` (default: its name) `place`."""
+    name = shown or os.path.basename(path)
     try:
         fd, staged = tempfile.mkstemp(prefix=f".sidecar-{os.getpid()}-", dir=os.path.dirname(path))  # see guard
     except OSError as e:
-        return f"{name} not copied beside OUT: {e.strerror}"
+        return f"{name} not copied {place}: {e.strerror}"
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.chmod(staged, 0o666 & ~umask())
         os.link(staged, path)
     except FileExistsError:
-        return f"{name} exists beside OUT: left as it is"
+        return f"{name} exists {place}: left as it is"
     except OSError as e:
-        return f"{name} not copied beside OUT: {e.strerror}"
+        return f"{name} not copied {place}: {e.strerror}"
     finally:
         os.unlink(staged)
-    return f"copied {name} beside OUT"
+    return f"copied {name} {place}"

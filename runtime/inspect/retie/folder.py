@@ -11,7 +11,7 @@ from runtime.inspect.findings import counting
 from runtime.inspect.findings.across import disk_bytes
 from runtime.inspect.findings.relations import stored_as_table
 from runtime.inspect.read import sidecars
-from runtime.inspect.read.sidecars import GENAI_CONFIG
+from runtime.inspect.read.text import InspectError
 from runtime.inspect.retie.rewrite import borrow, planned
 from runtime.inspect.retie.write import proven_in_place, rewritten_line
 from runtime.inspect.sandbox import memory
@@ -50,23 +50,38 @@ def retie_folder(result, out, scratch, limits, say):
         say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
     limits.progress(f"writing {out}")
-    written = save_together(models, out, DATA)
+    data = data_name([name for name, _, _ in models])
+    try:
+        written = save_together(models, out, data)
+    except ValueError as e:  # a name that would leave OUT (the layout's are checked before: never, by design)
+        raise InspectError(f"--retie {out}: {e}; nothing written") from None
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     before = disk_bytes(result["items"])
     after = sum(os.path.getsize(p) for p in written)
-    say(f"retie: wrote {out}: {len(models)} file(s) and one {DATA} they share: {before} -> {after} bytes on disk "
-        f"(saved {before - after})\n")
+    say(f"retie: wrote {out}: {len(models)} file(s) and one {data} they share: {before} -> {after} bytes on disk "
+        f"({disk_change(before, after)})\n")
     parts = [{"model": os.path.join(out, it["file"]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
              for it in result["items"] if it["info"]["rows"]]
     measured = memory.measure_together(parts, scratch, limits, after) if parts else {}
     _say_memory(result["across"]["vocabulary"], measured, say)
-    # the sidecars at the folder's top (config.json beside transformers.js's onnx/ too); every file keeps its name,
-    # so genai_config.json is copied naming the decoder it named
-    named = sidecars.decoder_file(sidecars.genai_config(os.path.join(result["folder"], GENAI_CONFIG)))
-    anchor = named if named in [it["file"] for it in result["items"]] else "model.onnx"
-    for line in sidecars.copy_beside(os.path.join(result["folder"], anchor), os.path.join(out, anchor)):
+    # the sidecars at the folder's top (config.json beside transformers.js's onnx/ too) and beside the files; every
+    # file keeps its name, so genai_config.json is copied naming the files it named, as they resolve
+    where = [os.path.dirname(it["file"]) for it in result["items"]]
+    for line in sidecars.copy_into(result["folder"], out, where):
         say(f"retie: {line}\n")
     return 0
+
+
+def disk_change(before, after):
+    """'saved N' or 'N bytes more' (alignment padding can outweigh a small table): never a negative saving."""
+    return f"saved {before - after}" if after <= before else f"{after - before} bytes more"
+
+
+def data_name(files):
+    """The name of the data file OUT's models share: DATA, unless a model file of that name is among `files` (a
+    decoder called model.data), then the first free one of model.data.1, .2, ..."""
+    taken = {os.path.basename(f) for f in files}
+    return next(n for n in [DATA] + [f"{DATA}.{i}" for i in range(1, len(taken) + 2)] if n not in taken)
 
 
 FED = {"encoder_hidden_states": "last_hidden_state"}  # a decoder's input -> the encoder output it is (Optimum)
@@ -136,7 +151,7 @@ def _say_memory(vocabulary, measured, say):
         say(f"retie: not measured in one process{': ' + measured['error'] if 'error' in measured else ''}\n")
         return
     say(f"retie: in one process holding every session, under onnxruntime's default SessionOptions: "
-        f"+{on['resident_bytes'] / 2**20:.1f} MiB Pss after a run of each (was +{was['resident_bytes'] / 2**20:.1f}; "
+        f"{on['resident_bytes'] / 2**20:+.1f} MiB Pss after a run of each (was {was['resident_bytes'] / 2**20:+.1f}; "
         f"{off['resident_bytes'] / 2**20:.1f} with {counting.NO_PREPACKING})\n")
     for v in vocabulary:
         if v["in_memory"]["defaults"]["copies"] > 1 or v["copies_on_disk"] > 1:

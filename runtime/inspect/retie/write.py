@@ -130,7 +130,7 @@ def gained_line(table, copies, was, figures):
     run and at its peak, against the original's; and why, where the copies stay as they were."""
     def mib(entry, key):
         value = None if entry is None else entry.get(key)
-        return "?" if value is None else f"+{value / 2**20:.1f} MiB"
+        return "?" if value is None else f"{value / 2**20:+.1f} MiB"
 
     before = None if was is None else was["in_memory"]["defaults"]
     counted = "?" if was is None else was["tables_in_memory"]

@@ -105,8 +105,9 @@ class Child:
         with open(path, "w") as f:
             json.dump(job, f)
         written = 3 * model_bytes + GiB  # any one file it writes; past that, a write fails (EFBIG), nothing fills the disk
-        confined = {resource.RLIMIT_AS: self.memory, resource.RLIMIT_FSIZE: _within(resource.RLIMIT_FSIZE, written),
-                    resource.RLIMIT_CORE: 0}
+        self.file_limit = _within(resource.RLIMIT_FSIZE, written)
+        self.file_limited = self.file_limit < written  # the user's `ulimit -f` is lower than this step may need
+        confined = {resource.RLIMIT_AS: self.memory, resource.RLIMIT_FSIZE: self.file_limit, resource.RLIMIT_CORE: 0}
 
         def confine():  # in the child, before exec: nothing here may raise, so no limit goes past an inherited one
             for kind, limit in confined.items():
@@ -164,6 +165,10 @@ class Child:
             answer = json.load(f)
         if "changed" in answer:
             raise Changed(answer["changed"])
+        if "error" in answer and self.file_limited and _reached(job["folder"], self.file_limit):
+            raise InspectError(f"a file onnxruntime wrote while {what} reached the file size limit in force "
+                               f"({self.file_limit} bytes: the shell's `ulimit -f`?); raise it and run again (the "
+                               "model is not what failed)")
         if "error" in answer:
             raise StepFailed(f"onnx or onnxruntime refused it while {what}: {answer['error']}")
         return answer
@@ -174,6 +179,14 @@ def _within(kind, most):
     cannot be raised past it: a `ulimit -v` from the user's shell stays in force)."""
     _, hard = resource.getrlimit(kind)
     return most if hard == resource.RLIM_INFINITY else min(most, hard)
+
+
+def _reached(folder, limit):
+    """Whether a file the child wrote in `folder` is as long as the file size limit: a write past it failed."""
+    try:
+        return any(e.is_file(follow_symlinks=False) and e.stat().st_size >= limit for e in os.scandir(folder))
+    except OSError:
+        return False
 
 
 def _memory_hint(err, memory):

@@ -105,7 +105,7 @@ def prove(job):
     the original is run with prepacking off, as its kernels then read them)}; OriginalFails when the original
     itself does not run on those feeds. The original is read as checked (isolated.source), never from a file swapped in since."""
     data, folder = source(job["checked"])
-    before = load(job["before"], data=data)
+    before = load(job["before"], folder, data=data)
     del data
     after = onnx.load(job["after"], load_external_data=False)
     flipped = {table: transposed for _, _, table, transposed, _ in job["rewritten"]}
@@ -159,7 +159,7 @@ def _fed_from(feeds, upstream, made):
     path, length = upstream["checked"]["path"], feeds[name].shape[1]
     if path not in made:
         data, folder = source(upstream["checked"])
-        producer = load(path, data=data)
+        producer = load(path, folder, data=data)
         del data
         made[path] = (producer.proto, Runner(producer.proto, data_folder=folder).session)
     proto, session = made[path]
