@@ -6,6 +6,8 @@ import gc
 import numpy as np
 from onnx import TensorProto, helper
 
+from graphs.bodies import graph_paths  # a graph's paths, named as inspect names them
+
 Resident = collections.namedtuple("Resident", "rss anonymous file")
 
 
@@ -123,7 +125,6 @@ def unscoped(key):
 
 def _initializers(model):
     """[(key (scoped), TensorProto, {name: the nodes of its graph that read it})] of the main graph and every body."""
-    from runtime.inspect.read.model import graph_paths  # a graph's paths, named as inspect names them
     found = []
     for path, _, graph in graph_paths(model.graph):
         if not len(graph.initializer):

@@ -14,6 +14,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
+from graphs.bodies import graph_paths, label  # noqa: F401 - how inspect names graphs and nodes, given from here too
 from graphs.storage import (
     BITS,  # bits per element of each type that can be sized; a type not listed is a finding
 )
@@ -193,28 +194,6 @@ def check_tensor(tensor, folder, files, root=None):
         if values.size != elements:
             raise InspectError(f"{what}: {values.size} values for dims {list(tensor.dims)}")
     return Tensor(tensor, nbytes)
-
-
-def label(node):
-    """How a report names a node: its name, else its first output, else its op type."""
-    return node.name or (node.output[0] if node.output else node.op_type)
-
-
-def graph_paths(graph):
-    """[(path, parent's path or None, GraphProto)]: the main graph ("main") and every If / Loop / Scan body in it
-    at any depth ("main/<node>.then_branch"; "...body[i]" where an attribute holds several), parents first."""
-    found, stack = [], [("main", None, graph)]
-    while stack:
-        path, parent, g = stack.pop()
-        found.append((path, parent, g))
-        children = []
-        for node in g.node:
-            for a in node.attribute:
-                bodies = [a.g] if a.HasField("g") else list(a.graphs)
-                children += [(f"{path}/{label(node)}.{a.name}" + (f"[{i}]" if len(bodies) > 1 else ""), path, body)
-                             for i, body in enumerate(bodies)]
-        stack += reversed(children)
-    return found
 
 
 def _bodies(graph, functions=()):
