@@ -176,9 +176,10 @@ def _parser():
                         help="answer from the files alone, without onnxruntime: tables, heads, pairs and the bytes on "
                              "disk; no runtime copies, nothing counted in memory")
     parser.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table, with the sidecar files its runtime reads")
-    parser.add_argument("--timeout", type=_positive, default=isolated.TIMEOUT, metavar="S",
+    parser.add_argument("--timeout", type=_positive, metavar="S",
                         help="wall-clock seconds the whole command may take, onnxruntime's steps included; past them "
-                             f"it stops with one line and writes nothing (default {isolated.TIMEOUT:g})")
+                             f"it stops with one line and writes nothing (default {isolated.TIMEOUT:g}, and "
+                             f"{isolated.PER_GIB:g} more per GiB of the model's folder past the first)")
     parser.add_argument("--memory-limit", type=_memory_limit, metavar="GiB",
                         help="address space each onnxruntime step may take (default 4 GiB + 6x the model's bytes)")
     parser.add_argument("--proof-past", type=_past, metavar="N",
@@ -224,6 +225,8 @@ def main(argv=None, supervised=True):
         if sys.stdout is None:
             raise InspectError("standard output is closed: the report has nowhere to go")
         _check_args(args, parser.prog)
+        if args.timeout is None:
+            args.timeout = isolated.default_timeout(args.model)
     except UsageError as e:
         print(e, file=sys.stderr)
         return 2

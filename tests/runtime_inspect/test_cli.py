@@ -86,3 +86,15 @@ def test_progress_shows_on_a_terminal_only(tmp_path):
     assert process.returncode == 0 and b"vocabulary:" in out
     assert b"\r[" in seen and b"building its optimized model" in seen and seen.endswith(b"\r")  # cleared at the end
     assert run_inspect(path).stderr == ""  # not a terminal: silent
+
+
+def test_the_default_timeout_grows_with_the_models_bytes(tmp_path):
+    # issue 38: a fixed 600 s stopped models of 12-20 GiB that this machine can run
+    from runtime.inspect.sandbox import isolated
+    (tmp_path / "model.onnx").write_bytes(b"x" * 1000)
+    assert isolated.default_timeout(str(tmp_path / "model.onnx")) == 600
+    with open(tmp_path / "model.onnx.data", "wb") as f:
+        f.truncate(3 * 2**30 - 1000)  # its size is what counts: 3 GiB in all
+    os.mkfifo(tmp_path / "pipe")  # no size, never opened
+    assert isolated.default_timeout(str(tmp_path / "model.onnx")) == 600 + 60 * 2
+    assert isolated.default_timeout(str(tmp_path)) == 600 + 60 * 2

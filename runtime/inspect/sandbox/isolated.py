@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -20,10 +21,30 @@ from runtime.inspect.sandbox import guard
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo
 
-TIMEOUT = 600.0  # seconds the whole command may take, by default (--timeout)
+TIMEOUT = 600.0  # seconds the whole command may take, by default (--timeout), for a model of at most a GiB
+PER_GIB = 60.0  # and a minute more for each GiB of its files: --retie at 3 GiB took 148 s here (issue 38)
 OUT_OF_MEMORY = 3  # the child's exit status when an allocation failed (runtime.inspect.sandbox.child)
 
 GiB = 2**30
+
+
+def default_timeout(path):
+    """--timeout's default for the model at `path` (a file or a folder): TIMEOUT, plus PER_GIB for each GiB past the
+    first of the regular files in its folder (for a file, the folder it lies in: its data files are there), so that a
+    model this machine can run is not stopped by the default. Only sizes are read."""
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    total = 0
+    try:
+        for where, _, names in os.walk(folder) if os.path.isdir(path) else [(folder, None, os.listdir(folder))]:
+            for name in names:
+                try:
+                    info = os.stat(os.path.join(where, name))
+                except OSError:
+                    continue
+                total += info.st_size if stat.S_ISREG(info.st_mode) else 0  # a device or FIFO has no size
+    except OSError:
+        return TIMEOUT
+    return TIMEOUT + PER_GIB * max(0.0, total / GiB - 1)
 
 
 class StepFailed(InspectError):
