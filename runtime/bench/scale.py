@@ -1,0 +1,118 @@
+"""inspect at the sizes people ship: `python -m runtime.bench.scale [--gib 3 8] [--form torchscript|shared]`.
+
+For each size, a tied model is generated on disk (runtime.bench.scale_model) and each command is run in a fresh
+process tree whose summed Pss (/proc/PID/smaps_rollup of every process in it, so pages several of them map count
+once each) is sampled every 0.1 s: a plain session under onnxruntime's default SessionOptions (load and one run:
+the baseline), `inspect MODEL`, `inspect MODEL --static` and `inspect MODEL --retie OUT`. Printed: each command's
+wall time and peak as ratios to the baseline of the same run, and the issue's targets met or not. The models
+are written to a scratch folder (--scratch DIR chooses where) and removed after."""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from runtime.bench.scale_model import FORMS, blocks_for, generate
+
+TARGETS = {"inspect": (3.0, 1.3), "static": (0.5, None), "retie": (5.0, 1.5)}  # (time, peak) x the plain session
+
+_SESSION = """
+import sys, numpy as np, onnxruntime as ort
+session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+session.run(None, {"input_ids": np.arange(8, dtype=np.int64).reshape(1, 8)})
+"""
+
+
+def _tree(pid):
+    """The pids of `pid` and every process under it, now."""
+    found, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        found.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    stack += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _pss(pids):
+    """The summed Pss of `pids` in bytes (a process that ended meanwhile counts 0)."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            continue
+    return total
+
+
+def measure(argv, cwd=None):
+    """{wall_s, peak_bytes, status}: `argv` run to its end, its process tree's summed Pss sampled every 0.1 s."""
+    start = time.monotonic()
+    child = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = 0
+    while child.poll() is None:
+        peak = max(peak, _pss(_tree(child.pid)))
+        time.sleep(0.1)
+    err = child.stderr.read().decode(errors="replace").strip().splitlines()
+    return {"wall_s": time.monotonic() - start, "peak_bytes": peak, "status": child.returncode,
+            "error": err[-1] if err and child.returncode else None}
+
+
+def run_size(gib, form, where, **dims):
+    """Every command's figures for one size: {size_bytes, baseline, inspect, static, retie}. `dims`: vocab, width,
+    hidden for generate (default: Llama 3's vocabulary at a 1B model's widths)."""
+    path = os.path.join(where, "model.onnx")
+    written = generate(path, blocks_for(gib, form=form, **dims), form=form, **dims)
+    inspect = [sys.executable, "-m", "runtime.inspect", path]
+    figures = {"size_bytes": written, "baseline": measure([sys.executable, "-c", _SESSION, path])}
+    figures["inspect"] = measure(inspect)
+    figures["static"] = measure(inspect + ["--static"])
+    out = os.path.join(where, "out.onnx")
+    figures["retie"] = measure(inspect + ["--retie", out])
+    for name in os.listdir(where):
+        os.remove(os.path.join(where, name))
+    return figures
+
+
+def lines(gib, figures):
+    """The report's lines for one size: each command, its ratios, its target."""
+    base = figures["baseline"]
+    yield (f"{figures['size_bytes'] / 2**30:.2f} GiB: plain session (load + one run) {base['wall_s']:.1f} s, "
+           f"peak {base['peak_bytes'] / 2**30:.2f} GiB Pss")
+    for name, (most_time, most_peak) in TARGETS.items():
+        f = figures[name]
+        t, p = f["wall_s"] / base["wall_s"], f["peak_bytes"] / max(1, base["peak_bytes"])
+        met = t <= most_time and (most_peak is None or p <= most_peak) and f["status"] == 0
+        target = f"<= {most_time}x time" + (f", <= {most_peak}x peak" if most_peak else "")
+        yield (f"  {name:<8} {f['wall_s']:6.1f} s = {t:4.2f}x, peak {f['peak_bytes'] / 2**30:5.2f} GiB = {p:4.2f}x "
+               f"(target {target}): {'met' if met else 'NOT met'}"
+               + (f"; exit {f['status']}: {f['error']}" if f["status"] not in (0, 1) else ""))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m runtime.bench.scale", description=__doc__)
+    parser.add_argument("--gib", type=float, nargs="+", default=[3.0], help="model sizes in GiB (default 3)")
+    parser.add_argument("--form", choices=FORMS, default="torchscript")
+    parser.add_argument("--scratch", metavar="DIR", help="where the models are written (default: TMPDIR)")
+    args = parser.parse_args(argv)
+    where = tempfile.mkdtemp(prefix="onnx-lab-scale-", dir=args.scratch)
+    try:
+        for gib in args.gib:
+            for line in lines(gib, run_size(gib, args.form, where)):
+                print(line, flush=True)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
