@@ -183,8 +183,8 @@ def originals_held(names, optimized, prepacked, prepacking):
 def copies_held(names, optimized, prepacked, prepacking):
     """How many copies of the tensors `names` (a table, a duplicate of it, the copies folded from them) a session
     holds: those it keeps as stored (originals_held), plus the prepacked copies of them when prepacking is on."""
-    held = originals_held(names, optimized, prepacked, prepacking)
+    held = len(originals_held(names, optimized, prepacked, prepacking))
     if not prepacking:
-        return len(held)
-    present = [n for n in dict.fromkeys(names) if n in _indexed(optimized)[0]]
-    return len(held) + sum(1 for p in prepacked for n in present if p["initializer"] == n)
+        return held
+    present = set(names) & _indexed(optimized)[0]
+    return held + sum(p["initializer"] in present for p in prepacked)

@@ -39,10 +39,11 @@ def test_blocks_bring_the_model_near_its_size():
 
 
 @pytest.mark.slow
-def test_the_scale_section_runs_every_command(tmp_path):
-    figures = scale.run_size(0.0001, "torchscript", str(tmp_path), **DIMS)
+@pytest.mark.parametrize("form", scale_model.FORMS)
+def test_the_scale_section_runs_every_command(form, tmp_path):
+    figures = scale.run_size(0.0001, form, str(tmp_path), **DIMS)
     assert {k: f["status"] for k, f in figures.items() if k != "size_bytes"} == {
         "baseline": 0, "inspect": 0, "static": 0, "retie": 0}
     assert all(f["peak_bytes"] > 0 for k, f in figures.items() if k != "size_bytes")
-    lines = list(scale.lines(0.0001, figures))
+    lines = list(scale.lines(figures))
     assert len(lines) == 4 and lines[1].lstrip().startswith("inspect") and "x (target" in lines[1]

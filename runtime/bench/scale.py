@@ -21,7 +21,8 @@ TARGETS = {"inspect": (3.0, 1.3), "static": (0.5, None), "retie": (5.0, 1.5)}  #
 _SESSION = """
 import sys, numpy as np, onnxruntime as ort
 session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
-session.run(None, {"input_ids": np.arange(8, dtype=np.int64).reshape(1, 8)})
+ids = np.arange(8, dtype=np.int64)  # [tokens] for the shared form, [batch, sequence] for the TorchScript one
+session.run(None, {"input_ids": ids if len(session.get_inputs()[0].shape) == 1 else ids.reshape(1, 8)})
 """
 
 
@@ -84,7 +85,7 @@ def run_size(gib, form, where, **dims):
     return figures
 
 
-def lines(gib, figures):
+def lines(figures):
     """The report's lines for one size: each command, its ratios, its target."""
     base = figures["baseline"]
     yield (f"{figures['size_bytes'] / 2**30:.2f} GiB: plain session (load + one run) {base['wall_s']:.1f} s, "
@@ -108,7 +109,7 @@ def main(argv=None):
     where = tempfile.mkdtemp(prefix="onnx-lab-scale-", dir=args.scratch)
     try:
         for gib in args.gib:
-            for line in lines(gib, run_size(gib, args.form, where)):
+            for line in lines(run_size(gib, args.form, where)):
                 print(line, flush=True)
     finally:
         shutil.rmtree(where, ignore_errors=True)

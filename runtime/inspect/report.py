@@ -83,8 +83,8 @@ def _many_related(related):
             kinds[p["relation"]] = kinds.get(p["relation"], 0) + 1
         table, head = min(tables), min(names)
         yield (f"{len(tables)} table(s) ({table}{', ...' if len(tables) > 1 else ''}) and {len(names)} head(s) "
-               f"({head}{', ...' if len(names) > 1 else ''}) hold the same values: {len(found)} pairs, "
-               + ", ".join(f"{n} {k}" for k, n in kinds.items())
+               f"({head}{', ...' if len(names) > 1 else ''}) hold the same values:")
+        yield (f"  {len(found)} pairs, " + ", ".join(f"{n} {k}" for k, n in kinds.items())
                + f"; {sum(heads[tables[0]][h]['wasted_bytes'] for h in names)} bytes wasted in the file")
 
 
@@ -221,7 +221,7 @@ def folder_report(result, out):
         w("no table held in more than one file\n")
 
 
-_NAMED = 8  # files named on a line that says how many hold one table; the rest counted (--json names each)
+_WIDTH = 99  # the most characters a line of the report's own grouping takes
 
 
 def _same_across(pairs):
@@ -240,10 +240,16 @@ def _same_across(pairs):
         kinds = {}
         for p in found:
             kinds[p["relation"]] = kinds.get(p["relation"], 0) + 1
-        named = ", ".join(files[1:_NAMED + 1]) + (f" and {len(files) - 1 - _NAMED} more" if len(files) > _NAMED + 1
-                                                     else "")
-        yield (f"{len(files)} files hold the same table as {side(a)} ({', '.join(f'{n} {k}' for k, n in kinds.items())}"
-               f"; {sum(p['wasted_bytes'] for p in found)} bytes wasted on disk): {named}")
+        yield f"{len(files)} files hold the same table as {side(a)}"
+        line = (f"  {', '.join(f'{n} {k}' for k, n in kinds.items())}; {sum(p['wasted_bytes'] for p in found)} "
+                f"bytes wasted on disk; in")
+        for i, name in enumerate(files[1:]):  # as many as fit the line, the rest counted (--json names each)
+            more = f" and {len(files) - 1 - i} more"
+            if i and len(line) + len(name) + 2 + len(more) > _WIDTH:
+                line += more
+                break
+            line += f"{',' if i else ''} {name}"
+        yield line
 
 
 def folder_json(result):

@@ -194,8 +194,14 @@ def test_many_identical_files_are_one_group_not_pairs(tmp_path):
     assert {p["b"]["file"] for p in pairs} == {f"f{i:02d}.onnx" for i in range(1, n)}
     assert data["across_files"]["vocabulary"][0]["copies_on_disk"] == n
     report = run_inspect(model, "--static").stdout
-    (line,) = [x for x in report.splitlines() if "files hold the same table" in x]
-    assert line.startswith(f"{n} files hold the same table as f00.onnx embedding ({n - 1} duplicate;")
+    lines = report.splitlines()
+    (at,) = [i for i, x in enumerate(lines) if "files hold the same table" in x]
+    assert lines[at] == f"{n} files hold the same table as f00.onnx embedding"
+    assert lines[at + 1].startswith(f"  {n - 1} duplicate; {(n - 1) * V * D * 4} bytes wasted on disk; in f01.onnx, ")
+    named = lines[at + 1].split("; in ")[1].split(" and ")
+    shown = named[0].split(", ")
+    assert shown == [f"f{i:02d}.onnx" for i in range(1, len(shown) + 1)] and named[1] == f"{n - 1 - len(shown)} more"
+    assert len(lines[at + 1]) < 100
     assert not [x for x in report.splitlines() if x.startswith("pair f")]  # no pair of files printed
 
 
@@ -210,9 +216,9 @@ def test_many_equal_tables_in_one_file_are_a_line_not_n_squared(tmp_path):
     assert sum(p["relation"] == "transposed_duplicate" for p in data["pairs"]) == 30 * 30
     report = run_inspect(tmp_path / "same.onnx", "--static").stdout.splitlines()
     assert not [x for x in report if x.startswith("pair ")]
-    (line,) = [x for x in report if "hold the same values" in x]
-    assert line.startswith("30 table(s) (t0, ...) and 30 head(s) (h0, ...) hold the same values: 900 pairs, "
-                           "900 transposed_duplicate;")
+    (at,) = [i for i, x in enumerate(report) if "hold the same values" in x]
+    assert report[at] == "30 table(s) (t0, ...) and 30 head(s) (h0, ...) hold the same values:"
+    assert report[at + 1] == f"  900 pairs, 900 transposed_duplicate; {30 * 8 * 4 * 4} bytes wasted in the file"
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ def relate(model, tables, heads):
         named.setdefault((entry["vocab"], entry["width"]), set()).add(entry["initializer"])
     # two tensors of a shape (a table and its head): compared straight away, each read once; a fingerprint would
     # read both once more and spare nothing
-    alone = {shape for shape, names in named.items() if len(names) == 2}
+    fingerprinted = {shape for shape, names in named.items() if len(names) > 2}
     for table in tables:
         for head in by_shape.get((table["vocab"], table["width"]), []):
             transposed = stored_as_table(table) != stored_as_table(head)
@@ -67,8 +67,7 @@ def relate(model, tables, heads):
                 relation, wasted = "shared", 0
             elif table.get("quant") or head.get("quant"):
                 relation, wasted, gap = quantized_relation(model, table, head, transposed)
-            elif (same_values(model.tensors[table["initializer"]], model.tensors[head["initializer"]], transposed)
-                  if (table["vocab"], table["width"]) in alone else values.same(model, digest, table, head)) \
+            elif values.same(model, digest, table, head, (table["vocab"], table["width"]) in fingerprinted) \
                     and _same_scales(model, table["scales"], head["scales"]):
                 relation, wasted = ("transposed_duplicate" if transposed else "duplicate"), head["bytes"]
             else:
@@ -147,9 +146,10 @@ class Values:
             self.classes[key] = found
         return self.classes[key]
 
-    def same(self, model, digests, a, b):
-        """Whether entries `a` and `b` of `model` hold the same values (as stored or one transposed)."""
-        ca, cb = self.of(model, digests, a), self.of(model, digests, b)
+    def same(self, model, digests, a, b, fingerprint=True):
+        """Whether entries `a` and `b` of `model` hold the same values (as stored or one transposed). `fingerprint`
+        False: compared straight away (the only two tensors of their shape: a class would cost a read more)."""
+        ca, cb = (self.of(model, digests, a), self.of(model, digests, b)) if fingerprint else (None, None)
         if ca is None or cb is None:  # no fingerprint: compared as they lie
             return same_values(model.tensors[a["initializer"]], model.tensors[b["initializer"]],
                                transposed=stored_as_table(a) != stored_as_table(b))

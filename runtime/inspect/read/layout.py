@@ -24,7 +24,7 @@ def client_files(folder, chosen=None):
         if rel is None or not paths.inside(os.path.realpath(os.path.join(folder, rel)), root):
             raise InspectError(f"{what}: not inside {folder} (a link or a path out of it, named by {rule})")
         path = os.path.join(folder, rel)
-        if not os.path.lexists(path) or (os.path.islink(path) and not os.path.exists(path)):
+        if not os.path.exists(path):  # absent, or a link to nothing
             raise InspectError(f"{what}: no such file in {folder}")
         if not os.path.isfile(path):
             raise InspectError(f"{what}: not a regular file (named by {rule})")
