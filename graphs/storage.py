@@ -1,5 +1,6 @@
 """Write models to disk atomically, with large tables as external data beside the model file."""
 import math
+import mmap
 import os
 import shutil
 import tempfile
@@ -121,6 +122,37 @@ def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False
     dims, or a stale external reference): each array (a memory map, a transposed view) is written to the data file
     in chunks, so a table larger than memory allows passes through without a copy; it implies external=True.
     """
+    staged = stage(model, path, external=external, min_external_bytes=min_external_bytes, overwrite=overwrite,
+                   sources=sources)
+    try:
+        if check:
+            onnx.checker.check_model(staged.path, full_check=True)
+        return staged.place(overwrite)
+    finally:
+        staged.discard()
+
+
+class Staged:
+    """A model written under its final file names in a staging folder beside them (stage()): `path` is the staged
+    model, which can be read and run first; place() gives exactly those files their names; discard() removes the
+    staging folder (what place() linked into place stays)."""
+
+    def __init__(self, staging, path, targets):
+        self.staging, self.path, self.targets = staging, path, targets
+
+    def place(self, overwrite=False):
+        """Link the staged files into place, the data first (_place); returns the paths placed."""
+        _place(self.staging, self.targets, overwrite)
+        return self.targets
+
+    def discard(self):
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def stage(model, path, *, external=None, min_external_bytes=1024, overwrite=False, sources=None):
+    """save()'s first half, its arguments the same: the model written, unchecked, in a new staging folder beside
+    `path` (`.saving-<pid>-*`, which runtime.inspect.sandbox.guard removes if the process dies); a Staged. An
+    existing file at `path` (or its data file) is refused unless overwrite=True."""
     path = os.path.abspath(os.fspath(path))
     sources = sources or {}
     if sources:
@@ -132,21 +164,18 @@ def save(model, path, *, external=None, min_external_bytes=1024, overwrite=False
         for target in targets:
             if os.path.lexists(target):
                 raise FileExistsError(f"{target} exists; refusing to overwrite it")
-    folder = os.path.dirname(path)
-    staging = tempfile.mkdtemp(prefix=f".saving-{os.getpid()}-", dir=folder)  # the pid: see runtime.inspect.sandbox.guard
+    staging = tempfile.mkdtemp(prefix=f".saving-{os.getpid()}-", dir=os.path.dirname(path))  # the pid: the guard's
+    staged = Staged(staging, os.path.join(staging, os.path.basename(path)), targets)
     try:
-        staged = os.path.join(staging, os.path.basename(path))
         if external:
-            _write_external(model, staged, min_external_bytes, sources)
+            _write_external(model, staged.path, min_external_bytes, sources)
         else:
-            with open(staged, "wb") as f:
+            with open(staged.path, "wb") as f:
                 f.write(model.SerializeToString())
-        if check:
-            onnx.checker.check_model(staged, full_check=True)
-        _place(staging, targets, overwrite)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return targets
+    except BaseException:
+        staged.discard()
+        raise
+    return staged
 
 
 def _place(staging, targets, overwrite):
@@ -253,7 +282,27 @@ def write_array(f, array, tensor, chunk=16 * 2**20):
     array = array.reshape(1, -1) if array.ndim == 0 else array
     rows = max(1, chunk // max(1, array[:1].nbytes))
     for start in range(0, len(array), rows):
-        f.write(np.ascontiguousarray(array[start:start + rows]).data)
+        block = array[start:start + rows]
+        f.write(np.ascontiguousarray(block).data)
+        if block.flags.c_contiguous:  # its own pages: let them go as it goes (a transposed view's span them all)
+            release(block)
+    release(array)
+
+
+def release(array):
+    """Let the pages `array` spans go from this process, where it is memory-mapped (or a view of a memory map);
+    they stay in the page cache, and are read again from it if the array is. A mapping that keeps them counts them
+    in the process's resident memory for as long as the array lives: a table written, or compared, once would be
+    held beside the sessions that run it. Nothing for an array in memory."""
+    base = array
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None)  # a view -> its np.memmap -> the mmap.mmap it maps
+    if base is None or base.closed or array.size == 0:
+        return
+    low, high = np.lib.array_utils.byte_bounds(array)
+    start = np.lib.array_utils.byte_bounds(np.frombuffer(base, np.uint8))[0]
+    first = (low - start) // mmap.PAGESIZE * mmap.PAGESIZE  # whole pages: a page shared with a neighbour goes too
+    base.madvise(mmap.MADV_DONTNEED, first, min(len(base), high - start) - first)
 
 
 def _copy_fields(source, target, skip):

@@ -1,14 +1,19 @@
 """Resident memory as the kernel counts it, split into anonymous (heap, prepacked copies) and file-backed
 (tensor data onnxruntime maps from the model's files) pages, and what one session adds to it."""
 import collections
+import contextlib
 import gc
+import math
 
 import numpy as np
 from onnx import TensorProto, helper
 
 from graphs.bodies import graph_paths  # a graph's paths, named as inspect names them
+from graphs.storage import BITS
 
 Resident = collections.namedtuple("Resident", "rss anonymous file")
+
+OWNED_MOST = 2**20  # what writing an optimized model's layout may hold (owned_bytes) beside a session measured
 
 
 def _kib(path, keys):
@@ -58,15 +63,35 @@ def _warm():
         None, {"x": np.ones(1, np.float32)})
 
 
-def session_growth(path, feeds, prepacking=True, disabled_optimizers=(), data_folder=None):
+def session_growth(path, feeds, prepacking=True, disabled_optimizers=(), data_folder=None, layout=None, keep=None):
     """{resident_bytes, anonymous_bytes, file_bytes}: what a session on the model at `path` (or serialized, its
     external data in `data_folder`) adds to this process after loading and one run on `feeds` (its outputs
     dropped, the session still held; `disabled_optimizers`: graph transformers skipped). Meant for a fresh
-    process: memory an earlier session freed to the allocator would hide part of this one's."""
-    return sessions_growth([(path, data_folder, feeds)], prepacking, disabled_optimizers, measure=resident)
+    process: memory an earlier session freed to the allocator would hide part of this one's. `layout`: the
+    session also writes its optimized model's layout there as it opens (runner.data_thrown_away); it then holds
+    owned_bytes() more, which the caller must find small for the figures to stand. `keep`: a list the session is
+    appended to, for a caller that runs it on (otherwise it is let go)."""
+    return sessions_growth([(path, data_folder, feeds)], prepacking, disabled_optimizers, measure=resident,
+                           layout=layout, keep=keep)
 
 
-def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=proportional):
+def owned_bytes(original, layout):
+    """The bytes a session that wrote the optimized model `layout` (a ModelProto) holds once more for having written
+    it: those of the tensors onnxruntime holds in its own memory, as `layout` lists them, namely each it made (not
+    an initializer of `original`, in that graph) and each `original` stores inline. Tensors `original` stores as
+    external data are mapped, and written from where they lie."""
+    stored = {}
+    for path, _, g in graph_paths(original.graph):
+        stored[path] = {t.name: t.data_location == TensorProto.EXTERNAL for t in g.initializer}
+    total = 0
+    for path, _, g in graph_paths(layout.graph):
+        for t in g.initializer:
+            if not stored.get(path, {}).get(t.name, False):
+                total += (math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8
+    return total
+
+
+def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=proportional, layout=None, keep=None):
     """{resident_bytes, anonymous_bytes, file_bytes, peak_bytes}: what sessions on every model of `models` [(path or
     serialized model, data folder or None, feeds)], all held at once in this process as a client holds them, add
     after one run each, as `measure` reads it (Pss by default: pages two sessions map count once), and the most
@@ -74,18 +99,22 @@ def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=pro
     like session_growth."""
     import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
 
-    from runtime.runner import read_data_from
+    from runtime.runner import data_thrown_away, read_data_from, writing
     _warm()
     gc.collect()
     before, peaks = measure(), _reset_peak()
     sessions = []
     for model, data_folder, feeds in models:
-        sessions.append(ort.InferenceSession(model, read_data_from(options(prepacking), data_folder),
-                                             providers=["CPUExecutionProvider"],
-                                             disabled_optimizers=set(disabled_optimizers)))
+        settings = read_data_from(options(prepacking), data_folder)
+        with data_thrown_away(layout) if layout else contextlib.nullcontext():
+            sessions.append(ort.InferenceSession(model, writing(settings, layout) if layout else settings,
+                                                 providers=["CPUExecutionProvider"],
+                                                 disabled_optimizers=set(disabled_optimizers)))
         sessions[-1].run(None, feeds)
     after = measure()
     peak = _kib("/proc/self/status", ("VmHWM",)).get("VmHWM") if peaks else None
+    if keep is not None:
+        keep += sessions
     del sessions
     return {"resident_bytes": after.rss - before.rss, "anonymous_bytes": after.anonymous - before.anonymous,
             "file_bytes": after.file - before.file, "peak_bytes": None if peak is None else peak - peaks}

@@ -1,9 +1,13 @@
 """One onnxruntime session per model, with the id check ONNX itself does not make."""
+import contextlib
+import math
 import os
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from graphs.bodies import graph_paths
 
 
 _NUMPY = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
@@ -46,14 +50,61 @@ def write_optimized_model(model, path, prepacked=False, data_folder=None):
     to the data file too), so the copies no initializer shows can be counted and attributed. `model` may be a
     serialized model too, its external data in `data_folder`.
     """
-    path = os.fspath(path)
     options = read_data_from(session_options(path, prepacking=prepacked), data_folder)
+    open_session(model, writing(options, path, prepacked))
+
+
+def writing(options, path, prepacked=True):
+    """`options` (returned) set to write the optimized model to `path` as a session opens, its initializers in
+    `path` + ".data" and, with `prepacked`, each prepacked copy recorded beside its initializer (write_optimized_model's
+    settings)."""
+    path = os.fspath(path)
+    options.optimized_model_filepath = path
     options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                      os.path.basename(path) + ".data")
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     if prepacked:
         options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
-    open_session(model, options)
+    return options
+
+
+@contextlib.contextmanager
+def data_thrown_away(path):
+    """Inside the block, the data file of an optimized model written to `path` is /dev/null: onnxruntime writes
+    the model's layout (every initializer's dims and offsets, each prepacked copy's length, as a real write records
+    them: it counts the offsets itself) and no byte of tensor data. A 3 GiB model's data would be 5 GiB to write
+    (every weight again and each prepacked copy: 10-25 s here)."""
+    data = os.fspath(path) + ".data"
+    os.symlink(os.devnull, data)
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):  # onnxruntime removes a data file it sees empty
+            os.remove(data)
+
+
+def write_optimized_layout(model, path, data_folder=None):
+    """write_optimized_model(prepacked=True), its data thrown away (data_thrown_away): the layout alone at `path`."""
+    layout_session(model, path, data_folder)
+
+
+def layout_session(model, path, data_folder=None):
+    """A session on `model` under the lab's settings, prepacking on, that wrote its optimized model's layout to
+    `path` as it opened (write_optimized_layout): one load both runs the model and says what it holds. It keeps a
+    copy of every tensor onnxruntime holds in its own memory (inline or folded: runtime.resident.owned_bytes)."""
+    with data_thrown_away(path):
+        return open_session(model, writing(read_data_from(session_options(prepacking=True), data_folder), path))
+
+
+def made_of_sizes(model, optimized, sizes, folder=None):
+    """Whether the optimized model at `optimized` holds an initializer that `model` (a path, or serialized bytes
+    when `folder` holds its data) does not, in any graph, of one of `sizes` elements: a copy onnxruntime made whose
+    values inspect must compare (the layout alone does not show them)."""
+    original = onnx.load_model_from_string(model) if folder else onnx.load(model, load_external_data=False)
+    before = {path: {t.name for t in g.initializer} for path, _, g in graph_paths(original.graph)}
+    after = onnx.load(optimized, load_external_data=False)
+    return any(t.name not in before.get(path, ()) and math.prod(t.dims) in sizes
+               for path, _, g in graph_paths(after.graph) for t in g.initializer)
 
 
 def optimized_model(model, folder, name="optimized.onnx"):

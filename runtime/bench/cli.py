@@ -19,6 +19,7 @@ from runtime.bench.head import bench_floor, bench_head
 from runtime.bench.lookups import bench_format_lookups, bench_lookups, bench_packed_rows
 from runtime.bench.memory import bench_memory
 from runtime.bench.report import plot, plot_formats, report
+from runtime.bench.scale import bench_scale
 from runtime.bench.timing import stage
 
 
@@ -36,6 +37,10 @@ def _parser():
     parser.add_argument("--markdown", metavar="FILE", help="also write the figures as Markdown tables, each with the "
                         "date and machine of the run: into the <!-- bench:NAME --> ... <!-- /bench --> regions of "
                         "FILE if it exists (BENCHMARKS.md), else a new file holding every table")
+    parser.add_argument("--scale", metavar="GIB", type=float, nargs="+", help="also f: inspect, --static and "
+                        "--retie on generated tied models of these sizes, each a ratio to a plain session of the same "
+                        "model (runtime.bench.scale; 3 and 9 GiB take about 10 minutes here, and twice the largest "
+                        "size on disk)")
     parser.add_argument("--plot", metavar="FILE.png", help="plot the ratios, and the memory meeting beside it as "
                         "FILE_formats.png (needs matplotlib)")
     return parser
@@ -51,6 +56,8 @@ def _check_outputs(parser, args):
             markdown.check_target(args.markdown)
     except (OSError, UnicodeDecodeError, ValueError) as e:
         parser.error(str(e))
+    if args.scale and any(not 0 < gib <= 64 for gib in args.scale):
+        parser.error("--scale: each size must be in (0, 64] GiB")
     if args.plot:
         try:
             import matplotlib  # noqa: F401  (fail before minutes of measuring, not after)
@@ -65,8 +72,8 @@ def about(quick):
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")}
 
 
-def _measure(quick):
-    """Every section's figures, and the run's date and machine."""
+def _measure(quick, scale_gib=()):
+    """Every section's figures, and the run's date and machine; `scale_gib`: the sizes of section f."""
     budget = 0.1 if quick else 0.5
     vocabs = [8192, 131072] if quick else [1024, 8192, 32768, 131072]
     sizes = [(50257, 768)] if quick else [(50257, 768), (128256, 1024)]
@@ -88,6 +95,9 @@ def _measure(quick):
         results["formats"] = bench_formats(formats, budget, folder)
     stage("e: the per-run floor")
     results["floor"] = bench_floor(budget)
+    if scale_gib:
+        stage("f: inspect and --retie at the sizes people ship")
+        results["scale"] = bench_scale(scale_gib)
     stage()
     return results
 
@@ -106,7 +116,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     _check_outputs(parser, args)
     started = time.monotonic()
-    results = _measure(args.quick)
+    results = _measure(args.quick, args.scale or ())
     results["seconds"] = time.monotonic() - started
     results["command"] = " ".join(["python -m runtime.bench", shlex.join(sys.argv[1:] if argv is None else argv)]).strip()
     print(report(results))

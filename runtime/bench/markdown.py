@@ -102,6 +102,20 @@ def floor(results):
                     f"{rate / 1e9:.1f}" if rate else "not measured"]])
 
 
+def scale(results):
+    rows = []
+    for f in results.get("scale") or ():
+        base = f["baseline"]
+        rows.append([f"{f['size_bytes'] / 2**30:.2f} GiB {f.get('form', 'torchscript')}", "plain session",
+                     f"{base['wall_s']:.1f} s", "1x", f"{base['peak_bytes'] / 2**30:.2f} GiB", "1x"])
+        for name in ("inspect", "static", "retie"):
+            c = f[name]
+            rows.append(["", name if c["status"] == 0 else f"{name} (exit {c['status']})", f"{c['wall_s']:.1f} s",
+                         f"{c['wall_s'] / base['wall_s']:.2f}x", f"{c['peak_bytes'] / 2**30:.2f} GiB",
+                         f"{c['peak_bytes'] / max(1, base['peak_bytes']):.2f}x"])
+    return table(["model", "command", "wall", "x session", "peak Pss", "x session"], rows or [["not measured"] * 6])
+
+
 def targets(results):
     return table(["", "target (figures of this run)"],
                   [["met" if ok else "**NOT met**", what.replace("|", "/")] for what, ok in judged(results)], left=2)
@@ -109,7 +123,8 @@ def targets(results):
 
 TABLES = {"machine": machine, "lookups": lookups, "format_lookups": format_lookups, "packed_rows": packed_rows,
           "head": head, "head_memory": head_memory, "memory": memory, "formats": formats, "floor": floor,
-          "targets": targets}
+          "scale": scale, "targets": targets}
+OPTIONAL = {"scale"}  # measured only when asked (--scale): a run without it leaves its region as it was
 
 
 def stamp(results):
@@ -148,5 +163,7 @@ def render(results, text=None):
     """`text` with each marked region rewritten from `results`; None: a new page holding every table."""
     if text is None:
         return "# runtime.bench\n" + "".join(f"\n## {name}\n\n<!-- bench:{name} -->\n{region(name, results)}"
-                                             "<!-- /bench -->\n" for name in TABLES)
-    return REGION.sub(lambda m: m.group(1) + region(m.group(2), results) + m.group(4), text)
+                                             "<!-- /bench -->\n" for name in TABLES
+                                             if name not in OPTIONAL or results.get(name))
+    return REGION.sub(lambda m: m.group(0) if m.group(2) in OPTIONAL and not results.get(m.group(2)) else
+                      m.group(1) + region(m.group(2), results) + m.group(4), text)

@@ -4,6 +4,9 @@ import os
 import numpy as np
 import onnxruntime as ort
 
+from runtime.bench.scale import lines as scale_lines
+from runtime.bench.scale import targets as scale_targets
+
 
 def report(results):
     lines = [f"machine: {os.cpu_count()} cores; onnxruntime {ort.__version__}, numpy {np.__version__}", "",
@@ -80,7 +83,12 @@ def report(results):
         lines += [f"  * {fmt} with {variant}: no float32 copy made at load; the whole table is decoded on every run"
                   for fmt, variant in variants]
     lines += ["", "e. per-run floor (Identity on one float): run %.1f us, run_with_iobinding %.1f us"
-              % (floor["run_s"] * 1e6, floor["iobinding_s"] * 1e6), "", "targets:"]
+              % (floor["run_s"] * 1e6, floor["iobinding_s"] * 1e6)]
+    if results.get("scale"):
+        lines += ["", "f. inspect at the sizes people ship: each command's wall time and peak summed Pss of its process "
+                  "tree, as ratios to a plain session (load + one run) of the same generated model"]
+        lines += [line for figures in results["scale"] for line in scale_lines(figures)]
+    lines += ["", "targets:"]
     lines += [f"  {'met    ' if ok else 'NOT met'}  {what}" for what, ok in targets(results)]
     return "\n".join(lines)
 
@@ -125,6 +133,8 @@ def targets(results):
          ", ".join(f"{r['vocab']}x{r['width']}: {r['memory']['ratio']:.2f}x" for r in head if "memory" in r),
          all(r["memory"]["ratio"] <= 1.10 for r in head if "memory" in r)),
     ]
+    for figures in results.get("scale") or ():
+        found += scale_targets(figures)
     if results.get("format_lookups"):
         found.append(("a lookup costs its rows, not the table: V large / V small <= 1.5x at every format, median of "
                       "7 same-round ratios (%s)" % ", ".join(f"{r['format']}: {r['large_vs_small']:.2f}x"

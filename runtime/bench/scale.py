@@ -100,19 +100,37 @@ def lines(figures):
                + (f"; exit {f['status']}: {f['error']}" if f["status"] not in (0, 1) else ""))
 
 
+def bench_scale(sizes, form="torchscript", scratch=None):
+    """Section f of runtime.bench: run_size's figures at each of `sizes` (GiB), in a scratch folder removed after."""
+    where = tempfile.mkdtemp(prefix="onnx-lab-scale-", dir=scratch)
+    try:
+        return [dict(run_size(gib, form, where), gib=gib, form=form) for gib in sizes]
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def targets(figures):
+    """[(target, met)] of one size's figures: each command's ratios against TARGETS, and its exit status."""
+    base, found = figures["baseline"], []
+    for name, (most_time, most_peak) in TARGETS.items():
+        f = figures[name]
+        t, p = f["wall_s"] / base["wall_s"], f["peak_bytes"] / max(1, base["peak_bytes"])
+        met = t <= most_time and (most_peak is None or p <= most_peak) and f["status"] == 0
+        found.append((f"{figures['size_bytes'] / 2**30:.2f} GiB: {name} <= {most_time}x a plain session's time"
+                      + (f", <= {most_peak}x its peak Pss" if most_peak else "")
+                      + f" ({t:.2f}x" + (f", {p:.2f}x" if most_peak else "") + ")", met))
+    return found
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m runtime.bench.scale", description=__doc__)
     parser.add_argument("--gib", type=float, nargs="+", default=[3.0], help="model sizes in GiB (default 3)")
     parser.add_argument("--form", choices=FORMS, default="torchscript")
     parser.add_argument("--scratch", metavar="DIR", help="where the models are written (default: TMPDIR)")
     args = parser.parse_args(argv)
-    where = tempfile.mkdtemp(prefix="onnx-lab-scale-", dir=args.scratch)
-    try:
-        for gib in args.gib:
-            for line in lines(run_size(gib, args.form, where)):
-                print(line, flush=True)
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
+    for gib in args.gib:
+        for line in lines(bench_scale([gib], args.form, args.scratch)[0]):
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The command: python -m runtime.inspect MODEL.onnx|FOLDER [--json] [--retie OUT.onnx] [--check] [--files A,B]
 [--timeout S] [--memory-limit GiB]."""
 import argparse
+import errno
 import json
 import os
 import sys
@@ -284,6 +285,11 @@ def _work(args, prog, folder):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except OSError as e:  # EIO on read, a read-only or full OUT folder or TMPDIR: the system's one line
+        if e.errno == errno.EFBIG:  # a write past RLIMIT_FSIZE (Python ignores SIGXFSZ): the shell's, not the model's
+            print(f"{prog}: error: a file this command wrote reached the file size limit in force (the shell's "
+                  "`ulimit -f`?); raise it and run again (the model is not what failed); nothing written",
+                  file=sys.stderr)
+            return 2
         where = f"{e.filename}: " if e.filename else ""
         print(printable(f"{prog}: error: {where}{e.strerror or e}"), file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@ session holds), as one dict: the --json output plus what --retie needs."""
 import os
 
 from runtime.inspect.findings import counting
+from runtime.inspect.findings.counting import SETTINGS
 from runtime.inspect.findings.relations import copy_key, relate, runtime_copies, vocabulary
 from runtime.inspect.graph.walk import find_tables_and_heads, lookup_ids
 from runtime.inspect.graph.weights import shared_weights
@@ -10,7 +11,7 @@ from runtime.inspect.read import paths
 from runtime.inspect.read.model import load
 from runtime.inspect.read.text import InspectError
 from runtime.inspect.sandbox import feeds, isolated, memory
-from runtime.resident import prepacked_copies, unscoped
+from runtime.resident import OWNED_MOST, prepacked_copies, unscoped
 
 
 def inspect_model(path, folder, limits=None, proof_past=None, static=False, measure=True, root=None):
@@ -39,76 +40,112 @@ def _read(path, limits, root):
 
 
 class Examination:
-    """inspect_model in two halves: the files read and related here and onnxruntime's optimized model started in
-    a child; finish() measures (unless `measure` is False), waits for the child and gives inspect_model's dict.
-    Several files started before any finishes build their optimized models side by side."""
+    """inspect_model in two halves: the files read and related here while onnxruntime opens the model in a child;
+    finish() measures (unless `measure` is False), waits for the child and gives inspect_model's dict. Several
+    files started before any finishes build their optimized models side by side.
+
+    The child's session writes the optimized model's layout as it opens (runner.data_thrown_away) and, where the
+    model is measured, is the session measured under the defaults: one load for both. Writing holds a copy of what
+    onnxruntime keeps in its own memory (resident.owned_bytes: inline or folded tensors); where that is more than
+    resident.OWNED_MOST the figures would show it, and a fresh child measures the defaults again."""
 
     def __init__(self, path, folder, limits=None, proof_past=None, measure=True, root=None):
         self.limits = limits = limits or isolated.Limits()
         self.model = model = _read(path, limits, root)
         self.shape = feeds.plan(model.proto, model.path, proof_past)
         self.folder = folder
+        self.tables, self.heads = find_tables_and_heads(model)
+        self.rows = {lookup_ids(t): t["vocab"] for t in self.tables}  # each lookup's ids, and the rows they may name
+        self.measure = measure and bool(self.tables)
+        self.merged = self.measure and not memory.too_large(model.file_bytes)
         self.job = {"kind": "optimize", "checked": model.checked, "out": os.path.join(folder, "optimized.onnx"),
-                    "folder": folder}
-        self.optimizing = isolated.start(self.job, "building its optimized model", limits, model.file_bytes)
-        try:  # the child builds while this process finds and relates
-            self.tables, self.heads = find_tables_and_heads(model)
+                    "folder": folder, "sizes": copy_sizes(model, self.tables + self.heads)}
+        if self.merged:
+            self.first = isolated.start(
+                {**self.job, "kind": "measure", "layout": self.job["out"], "rows": self.rows, "shape": self.shape,
+                 "prepacking": True}, "running it once (defaults), writing its optimized model's layout", limits,
+                model.file_bytes)
+        else:
+            self.first = isolated.start(self.job, "building its optimized model", limits, model.file_bytes)
+        try:  # the child loads while this process relates
             limits.progress(f"relating {len(self.tables)} table(s) and {len(self.heads)} head(s): a digest of each")
             self.pairs = relate(model, self.tables, self.heads)
         except BaseException:
-            self.optimizing.stop()
+            self.first.stop()
             raise
-        self.rows = {lookup_ids(t): t["vocab"] for t in self.tables}  # each lookup's ids, and the rows they may name
-        self.measure = measure and bool(self.tables)
-        self.runs = 1 + (len(counting.SETTINGS) if self.measure else 0)
 
     def stop(self):
-        """End the optimizing child now if it still runs."""
-        self.optimizing.stop()
+        """End the first child now if it still runs."""
+        self.first.stop()
 
     def finish(self):
         """inspect_model's dict (the child stopped on the way out, whatever happens)."""
         model = self.model
         try:
-            version, measured = self._optimized_and_measured()
+            optimized, measured = self._optimized_and_measured()
         finally:
-            self.optimizing.stop()
-        return found(model, self.tables, self.heads, self.pairs, self.rows, self.shape, self.job["out"], version,
+            self.first.stop()
+        return found(model, self.tables, self.heads, self.pairs, self.rows, self.shape, self.job["out"], optimized,
                      measured)
 
+    def _measured(self, settings):
+        """memory.measure's figures under `settings`, side by side where the machine has the cores and memory."""
+        model = self.model
+        return memory.measure({"checked": model.checked}, self.rows, self.shape, self.folder, self.limits,
+                              model.file_bytes, isolated.side_by_side(model.file_bytes, len(settings)), settings)
+
     def _optimized_and_measured(self):
-        """(onnxruntime's version, memory.measure's figures or {}): the measurements run beside the optimizing child
-        where the machine has the cores and the memory (isolated.side_by_side; each in its own child: a session
-        that writes its optimized model holds about one more table, so the one measured writes nothing), else after
-        it. A failure is reported as it would be in turn: the optimized model's first."""
+        """(optimized_version's answer, memory.measure's figures or {}). Where the first child's run fails (a model
+        onnxruntime refuses to run on the feeds), its optimized model is built alone and both settings measured,
+        so that each failure is reported as it would be in turn: the optimized model's first."""
         model, limits = self.model, self.limits
-
-        def measured(side_by_side=False):
-            return memory.measure({"checked": model.checked}, self.rows, self.shape, self.folder, limits,
-                                  model.file_bytes, side_by_side) if self.measure else {}
-
-        if not isolated.side_by_side(model.file_bytes, self.runs):
-            return optimized_version(self.optimizing, model.path), measured()
+        if not self.merged:
+            return optimized_version(self.first, model.path), self._measured(list(SETTINGS)) if self.measure else {}
         try:
-            figures = measured(side_by_side=True)
-        except InspectError:
-            optimized_version(self.optimizing, model.path)  # its failure is the one to report, as in turn
-            raise
-        return optimized_version(self.optimizing, model.path), figures
+            answer = self.first.result()
+        except isolated.StepFailed:
+            self.first = isolated.start(self.job, "building its optimized model", limits, model.file_bytes)
+            return optimized_version(self.first, model.path), self._measured(list(SETTINGS))
+        measured = {}
+        again = ["defaults"] if answer["owned_bytes"] > OWNED_MOST else []  # writing held what they count
+        if not again:
+            measured["defaults"] = {k: answer[k] for k in ("resident_bytes", "anonymous_bytes", "file_bytes",
+                                                          "peak_bytes")}
+        if answer["data"]:  # a tensor of a table's size made: its values are compared, so written in full
+            os.remove(self.job["out"])
+            self.first = isolated.start({**self.job, "sizes": None}, "building its optimized model", limits,
+                                        model.file_bytes)
+            answer = optimized_version(self.first, model.path)
+        return answer, {**measured, **self._measured(again + ["no_prepacking"])}
+
+
+def copy_sizes(model, entries):
+    """The element counts of the initializers of `entries` (tables, heads): an optimize job's "sizes", the sizes
+    of the copies onnxruntime's optimizer could make of them; None (write the data anyway) where one is not found."""
+    sizes = set()
+    for entry in entries:
+        name, graph = unscoped(entry["initializer"])
+        tensor = (model.bodies.get(graph, {}) if graph else model.tensors).get(name)
+        if tensor is None:
+            return None
+        sizes.add(tensor.elements)
+    return sorted(sizes)
 
 
 def optimized_version(optimizing, path):
-    """The onnxruntime version an optimize child (isolated.start) reports, or InspectError: it cannot load `path`."""
+    """What an optimize child (isolated.start) answers ({onnxruntime: its version, data: whether the tensor data
+    was written}), or InspectError: it cannot load `path`."""
     try:
-        return optimizing.result()["onnxruntime"]
+        return optimizing.result()
     except isolated.StepFailed as e:
         raise InspectError(f"{path}: onnxruntime cannot load it: {str(e).split(': ', 1)[-1]}") from None
 
 
-def found(model, tables, heads, pairs, rows, shape, optimized_path, version, measured):
-    """inspect_model's dict, from what the parent read and what onnxruntime's optimized model (at `optimized_path`)
-    and the measurements show."""
-    optimized = load(optimized_path, os.path.dirname(optimized_path))
+def found(model, tables, heads, pairs, rows, shape, optimized_path, answer, measured):
+    """inspect_model's dict, from what the parent read and what onnxruntime's optimized model (at `optimized_path`,
+    its child's `answer`: optimized_version's) and the measurements show."""
+    optimized = load(optimized_path, os.path.dirname(optimized_path), layout_only=not answer.get("data", True))
+    version = answer["onnxruntime"]
     prepacked = prepacked_copies(optimized.proto)
     watched = list(dict.fromkeys([t["initializer"] for t in tables] + [h["initializer"] for h in heads]))
     initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,

@@ -4,6 +4,7 @@ import hashlib
 import numpy as np
 from onnx import TensorProto
 
+from graphs.storage import release
 from runtime.inspect.findings import shares
 from runtime.inspect.graph import quantized
 from runtime.inspect.read.model import FLOATS, label
@@ -35,6 +36,8 @@ def same_values(a, b, transposed=False):
         for j in range(0, x.shape[1], _TILE):  # in square-ish tiles, each read where it lies (4x faster than a copy)
             if not np.array_equal(xs[:, j:j + _TILE].view(bits), ys[j:j + _TILE].T.view(bits)):
                 return False
+        release(xs)  # read once: not held (the copy's columns span its pages: let go at the end)
+    release(y)
     return True
 
 
@@ -115,6 +118,7 @@ class Digests:
             chunk = words[i:i + step].astype(np.uint64)
             total += int(chunk.sum(dtype=np.uint64))
             squares += int(np.multiply(chunk, chunk, out=chunk).sum(dtype=np.uint64))
+            release(words[i:i + step])  # read once: not held
         rows = tuple(tensor.dims) if as_table else tuple(tensor.dims[::-1])
         return tensor.data_type, rows, total % 2**64, squares % 2**64
 
@@ -258,7 +262,13 @@ def _same_bytes(a, b):
     x, y = a.raw(), b.raw()
     if len(x) != len(y):
         return False
-    return all(np.array_equal(x[i:i + _BYTES_AT_ONCE], y[i:i + _BYTES_AT_ONCE]) for i in range(0, len(x), _BYTES_AT_ONCE))
+    for i in range(0, len(x), _BYTES_AT_ONCE):
+        if not np.array_equal(x[i:i + _BYTES_AT_ONCE], y[i:i + _BYTES_AT_ONCE]):
+            return False
+        if isinstance(x, np.ndarray) and isinstance(y, np.ndarray):  # read once: not held
+            release(x[i:i + _BYTES_AT_ONCE])
+            release(y[i:i + _BYTES_AT_ONCE])
+    return True
 
 
 SMALL_COPY = 4096  # runtime copies under this many bytes (folded shape constants) are summarised in one line

@@ -30,6 +30,8 @@ _SPARSE_FROM = 64 * 2**20  # below this, holes (alignment padding) are not worth
 
 _ORT_MEMORY_MARKER = "_ORT_MEM_ADDR_"  # onnxruntime reads such a "location" from process memory
 
+UNWRITTEN = ("", 0, 0)  # Tensor.external of a tensor whose data was never written (load(layout_only=True))
+
 
 class Tensor:
     """One initializer as checked: name, type, dims, bytes, and where its data lies (never loaded here)."""
@@ -54,6 +56,7 @@ class Tensor:
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(self.data_type))
         if self.elements == 0:
             return np.empty(self.dims, dtype)
+        self._written()
         if self.external is not None:
             path, offset, _ = self.external
             return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(self.dims))
@@ -63,12 +66,17 @@ class Tensor:
 
     def raw(self):
         """The stored bytes (external: memory-mapped), for byte-for-byte comparison of any type."""
+        self._written()
         if self.external is not None:
             path, offset, length = self.external
             return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(length,)) if length else b""
         if self.proto.HasField("raw_data"):
             return np.frombuffer(self.proto.raw_data, np.uint8)
         return np.ascontiguousarray(self.values()).view(np.uint8).reshape(-1)
+
+    def _written(self):
+        if self.external is UNWRITTEN:  # a caller's mistake, not the model's: load(layout_only=True) promised none
+            raise RuntimeError(f"initializer {self.name!r}: its data was not written (a layout-only load)")
 
 
 class Model:
@@ -155,9 +163,10 @@ def _type_name(tensor):
 _TYPED = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
 
 
-def check_tensor(tensor, folder, files, root=None):
+def check_tensor(tensor, folder, files, root=None, layout_only=False):
     """A Tensor for `tensor` if its type, dims and data agree; else InspectError naming what is wrong. External
-    data must lie inside `root` (default `folder`)."""
+    data must lie inside `root` (default `folder`); with `layout_only`, it was never written: its length is
+    checked against the dims, no file opened, and the Tensor's data cannot be read (external is UNWRITTEN)."""
     what = f"initializer {tensor.name!r}"
     if tensor.data_type not in BITS:
         raise InspectError(f"{what}: data type {_type_name(tensor)} is unknown or unsupported here")
@@ -172,6 +181,11 @@ def check_tensor(tensor, folder, files, root=None):
     if tensor.HasField("segment"):
         raise InspectError(f"{what}: segmented tensors are not supported")
     if tensor.data_location == TensorProto.EXTERNAL:
+        if layout_only:
+            lengths = [e.value for e in tensor.external_data if e.key == "length"]
+            if lengths and lengths[0] != str(nbytes):
+                raise InspectError(f"{what}: external data length {lengths[0]} but its dims need {nbytes} bytes")
+            return Tensor(tensor, nbytes, UNWRITTEN)
         return Tensor(tensor, nbytes, _external(tensor, folder, nbytes, files, root))
     if tensor.data_location != TensorProto.DEFAULT:
         raise InspectError(f"{what}: unknown data_location {tensor.data_location}")
@@ -234,14 +248,16 @@ def _names_are_text(graph, functions=()):
             raise InspectError(f"a name is not valid UTF-8 ({bad[:60]!r}): not a valid ONNX model")
 
 
-def load(path, folder=None, data=None, root=None):
+def load(path, folder=None, data=None, root=None, layout_only=False):
     """Parse `path` and check every tensor in it (main graph, subgraphs, attributes): a Model, or InspectError.
 
     `folder` is where external data may live (default: the model's own folder). Nothing outside it is opened,
     except in a hub cache snapshot, whose data files may resolve anywhere in its repository folder.
     `root`: where the model file itself must really lie when it is opened (a folder's root: a link swapped in
     after the folder was checked is refused); default: anywhere. `data`: the file's bytes, already read
-    (runtime.inspect.read.checked.source), parsed instead of reading it again.
+    (runtime.inspect.read.checked.source), parsed instead of reading it again. `layout_only`: a model whose
+    external data was never written (an optimized model written for its layout: runtime.runner.layout_of), its
+    tensors sized from their dims and never read.
     """
     if data is None:
         info, fd = paths.open_regular(path, root, os.fspath(path))
@@ -262,7 +278,7 @@ def load(path, folder=None, data=None, root=None):
     data_root = paths.hub_root(folder) or folder
     files, tensors, checked_of = {}, {}, {}
     for tensor, top in all_tensors(proto.graph, proto.functions):
-        checked = checked_of[id(tensor)] = check_tensor(tensor, folder, files, data_root)
+        checked = checked_of[id(tensor)] = check_tensor(tensor, folder, files, data_root, layout_only)
         if top:
             if tensor.name in tensors:
                 raise InspectError(f"initializer {tensor.name!r} is defined twice")

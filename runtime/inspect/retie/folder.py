@@ -32,7 +32,7 @@ def retie_folder(result, out, scratch, limits, say):
         if rewritten:
             where = os.path.join(scratch, f"retie{i}")
             os.mkdir(where)
-            _, _, failures, weights = proven_in_place(
+            _, _, failures, weights, _ = proven_in_place(
                 model, info, rewritten, sources, where, limits,
                 lambda line: say(line.replace("retie: ", f"retie: {name}: ", 1)), fed[name])
             if failures:

@@ -1,9 +1,10 @@
 """--retie: make every duplicated head read its table in a form onnxruntime keeps as one, prove it, then write."""
+import math
 import os
 
 from onnx import TensorProto
 
-import graphs
+from graphs.storage import stage
 from runtime.inspect.findings import counting
 from runtime.inspect.findings.relations import copy_key, runtime_copies
 from runtime.inspect.read import sidecars
@@ -13,34 +14,55 @@ from runtime.inspect.retie import branches
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import isolated, memory
 from runtime.inspect.sandbox.feeds import describe
-from runtime.resident import copies_held, prepacked_copies
+from runtime.resident import OWNED_MOST, copies_held, prepacked_copies
 
 
-def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_place=None):
-    """Stage the rewritten model in `folder`, prove it (isolated) and count the copies a session would hold under
-    onnxruntime's defaults: (staged path, {table now: copies held}, failures: empty when proven). InspectError
-    when the original cannot be run on the proof's feeds (nothing about the retie is known). `upstream`: the inputs
-    other files of a folder make (proof._fed_from); `in_place`: the weights retie.branches read in place ({name:
-    bytes}), so the original is run with prepacking off and no session may prepack them."""
-    staged = os.path.join(folder, "retied.onnx")
-    limits.progress("writing the retied model to the scratch folder, to prove it")
-    graphs.save(model.proto, staged, check=False, sources=sources)  # checked, like everything else, in the child
+def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_place=None, out=None):
+    """Stage the rewritten model (as `out` beside it, else in `folder`), prove it (isolated) and count the copies a
+    session would hold under onnxruntime's defaults: (the graphs.storage.Staged model, {table now: copies held},
+    failures: empty when proven, the retied model's figures under the defaults where measured (a single file: `out`
+    given), else None); the caller places or discards it. InspectError when the original cannot be run
+    on the proof's feeds (nothing about the retie is known). `upstream`: the inputs other files of a folder make
+    (proof._fed_from); `in_place`: the weights retie.branches read in place ({name: bytes}), so the original is run
+    with prepacking off and no session may prepack them."""
+    limits.progress(f"writing the retied model beside {out}, to prove it" if out else
+                    "writing the retied model to the scratch folder, to prove it")
+    # checked, like everything else, in the child; proven where it is written, and placed as it was proven
+    holder = stage(model.proto, out or os.path.join(folder, "retied.onnx"), sources=sources)
+    try:
+        held, failures, measured = _prove_staged(model, found, rewritten, holder.path, folder, limits, upstream,
+                                                 in_place, measure=out is not None)
+    except BaseException:
+        holder.discard()
+        raise
+    return holder, held, failures, measured
+
+
+def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_place, measure):
+    """proven()'s proof and count, of the model staged at `staged`: ({table now: copies held}, failures, the
+    figures of the proof's session of it under the defaults where `measure` and they stand, else None)."""
+    optimized = os.path.join(folder, "retied.optimized.onnx")
+    finals = sorted({final for *_, final in rewritten})
+    stored = {t.name: math.prod(t.dims) for t in model.proto.graph.initializer if t.name in finals}
+    sizes = sorted(set(stored.values())) if len(stored) == len(finals) else None  # else: its data written too
     job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged,
            "rewritten": rewritten, "rows": found["rows"], "folder": folder, "shape": found["shape"],
-           "upstream": list(upstream), "in_place": bool(in_place)}
-    try:
+           "upstream": list(upstream), "in_place": bool(in_place), "layout": optimized, "sizes": sizes,
+           "measure": measure}
+    try:  # the proof's session of the retied model writes its optimized model's layout: no load of its own
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
             raise InspectError(f"{model.path} cannot be proven on this machine, nothing written: "
                                f"{answer['original']} (--proof-past N sets the past length)")
         failures = answer["failures"]
-        optimized = os.path.join(folder, "retied.optimized.onnx")
-        isolated.call({"kind": "optimize", "model": staged, "out": optimized, "folder": folder},
-                      "optimizing the retied model", limits, model.file_bytes)
+        if answer["data"]:  # a tensor of a table's size made: written again with its data, to be compared
+            os.remove(optimized)
+            isolated.call({"kind": "optimize", "model": staged, "out": optimized, "folder": folder},
+                          "optimizing the retied model", limits, model.file_bytes)
     except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
-        return staged, {}, [f"failed, nothing written: {e}"]
-    retied, retied_optimized = load(staged), load(optimized, folder)
-    copies = runtime_copies(retied, retied_optimized, sorted({final for *_, final in rewritten}))
+        return {}, [f"failed, nothing written: {e}"], None
+    retied, retied_optimized = load(staged), load(optimized, folder, layout_only=not answer["data"])
+    copies = runtime_copies(retied, retied_optimized, finals)
     prepacked = prepacked_copies(retied_optimized.proto)
     packed = sorted({p["initializer"] for p in prepacked} & set(in_place or ()))
     if packed:
@@ -56,22 +78,26 @@ def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_pla
         if held[table] > (1 if float_table else before.get(original, 1)):
             failures.append(f"under onnxruntime's default SessionOptions a session would hold {held[table]} copies "
                             f"of {table}")
-    return staged, held, failures
+    figures = answer.get("measured")  # writing the layout held what they would count: measured again
+    return held, failures, figures if figures and answer["owned_bytes"] <= OWNED_MOST else None
 
 
-def proven_in_place(model, found, rewritten, sources, folder, limits, say, upstream=()):
+def proven_in_place(model, found, rewritten, sources, folder, limits, say, upstream=(), out=None):
     """proven(), a merged decoder's shared weights read in place first (branches.in_place); where that is not
     proven, the weights are left as they were and the rest proven alone: (staged, held, failures, the weights read
-    in place or {})."""
+    in place or {}, proven()'s figures)."""
     weights, undo = branches.in_place(model, found, say)
-    staged, held, failures = proven(model, found, rewritten, sources, folder, limits, upstream, weights)
+    staged, held, failures, measured = proven(model, found, rewritten, sources, folder, limits, upstream, weights,
+                                              out)
     if weights and failures:
         say(f"retie: the weights its branches share are left as they are (read in place: {failures[0]})\n")
         undo()
-        weights, alone = {}, os.path.join(folder, "weights_as_they_were")  # staged apart: nothing is overwritten
+        staged.discard()
+        weights, alone = {}, os.path.join(folder, "weights_as_they_were")  # apart: nothing is overwritten
         os.mkdir(alone)
-        staged, held, failures = proven(model, found, rewritten, sources, alone, limits, upstream)
-    return staged, held, failures, weights
+        staged, held, failures, measured = proven(model, found, rewritten, sources, alone, limits, upstream,
+                                                  out=out)
+    return staged, held, failures, weights, measured
 
 
 def retie(model, found, out_path, folder, limits, say):
@@ -80,14 +106,22 @@ def retie(model, found, out_path, folder, limits, say):
     if not rewritten:
         say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
-    staged, held, failures, weights = proven_in_place(model, found, rewritten, sources, folder, limits, say)
-    if failures:
-        say(f"retie: {failures[0]}\n" if failures[0].startswith("failed") else
-            f"retie: not proven, nothing written: {failures[0]}\n")
-        return 1
-    measured = memory.measure({"model": staged}, found["rows"], found["shape"], folder, limits, model.file_bytes)
-    limits.progress(f"writing {out_path}")
-    written = graphs.save(model.proto, out_path, check=False, sources=sources)  # the model the child checked
+    staged, held, failures, weights, measured = proven_in_place(model, found, rewritten, sources, folder, limits,
+                                                                say, out=out_path)
+    try:
+        if failures:
+            say(f"retie: {failures[0]}\n" if failures[0].startswith("failed") else
+                f"retie: not proven, nothing written: {failures[0]}\n")
+            return 1
+        if measured is None:  # what gained_line reports
+            measured = memory.measure({"model": staged.path}, found["rows"], found["shape"], folder, limits,
+                                      model.file_bytes, settings=["defaults"])
+        else:
+            measured = {"defaults": measured}
+        limits.progress(f"placing {out_path}")
+        written = staged.place()  # the files the child checked and proved, linked into place
+    finally:
+        staged.discard()
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     size = sum(os.path.getsize(p) for p in written)
     say(rewritten_line(rewritten, model, found["shape"], weights=weights))

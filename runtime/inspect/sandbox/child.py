@@ -6,6 +6,7 @@ a second copy of itself, so an exception class raised by code that imported the 
 would not be the one `except` names here. runtime.inspect's package imports nothing, so this starts lean.
 """
 import json
+import os
 import sys
 
 from runtime.inspect.read.checked import Changed, source
@@ -24,24 +25,45 @@ def _model(job):
 
 
 def _optimize(job):
-    from runtime.runner import write_optimized_model
-    model, folder = _model(job)
-    write_optimized_model(model, job["out"], prepacked=True, data_folder=folder)  # the defaults' prepacks recorded
+    """onnxruntime's optimized model written to job["out"], its prepacked copies recorded. With job["sizes"] (the
+    element counts of the tensors whose copies are looked for), its layout first, without data; the data only
+    when the optimizer made a tensor of one of those sizes, whose values must then be compared."""
     import onnxruntime
-    return {"onnxruntime": onnxruntime.__version__}  # whose folding and prepacking the report describes
+
+    from runtime.runner import made_of_sizes, write_optimized_layout, write_optimized_model
+    model, folder = _model(job)
+    answer = {"onnxruntime": onnxruntime.__version__, "data": True}  # whose folding and prepacking is described
+    if job.get("sizes") is not None:
+        write_optimized_layout(model, job["out"], data_folder=folder)
+        if not made_of_sizes(model, job["out"], set(job["sizes"]), folder):
+            return {**answer, "data": False}
+        os.remove(job["out"])
+    write_optimized_model(model, job["out"], prepacked=True, data_folder=folder)  # the defaults' prepacks recorded
+    return answer
 
 
 def _measure(job):
-    """What a session adds after one run of the proof's decoder feeds, in this fresh process."""
+    """What a session adds after one run of the proof's decoder feeds, in this fresh process. With job["layout"],
+    the session also writes its optimized model's layout there (one load for both), and the answer says what the
+    optimize job's would ("onnxruntime", "data") and how many bytes writing it held ("owned_bytes": the figures
+    stand only where that is small)."""
     import onnx
+    import onnxruntime
 
     from runtime.inspect.sandbox.feeds import shaped_feeds
-    from runtime.resident import session_growth
+    from runtime.resident import owned_bytes, session_growth
+    from runtime.runner import made_of_sizes
     model, folder = _model(job)
     proto = onnx.load_model_from_string(model) if folder else onnx.load(model, load_external_data=False)
     feeds = shaped_feeds(proto, job["rows"], job["shape"], job["shape"]["lengths"][0])
-    del proto
-    return session_growth(model, feeds, job["prepacking"], data_folder=folder)
+    if not job.get("layout"):
+        del proto
+        return session_growth(model, feeds, job["prepacking"], data_folder=folder)
+    figures = session_growth(model, feeds, job["prepacking"], data_folder=folder, layout=job["layout"])
+    sizes = job.get("sizes")
+    return {**figures, "onnxruntime": onnxruntime.__version__,
+            "owned_bytes": owned_bytes(proto, onnx.load(job["layout"], load_external_data=False)),
+            "data": sizes is None or made_of_sizes(model, job["layout"], set(sizes), folder)}
 
 
 def _measure_together(job):
@@ -60,11 +82,23 @@ def _measure_together(job):
 
 
 def _prove(job):
+    """The proof's failures and, where the retied model's session wrote its optimized model's layout, whether that
+    layout holds a tensor of job["sizes"] elements it did not (its data must then be written to be compared), the
+    session's figures where job["measure"], and the bytes writing the layout held (resident.owned_bytes)."""
+    import onnx
+
     from runtime.inspect.sandbox.proof import OriginalFails, prove
+    from runtime.resident import owned_bytes
+    from runtime.runner import made_of_sizes
     try:
-        return {"failures": prove(job)}
+        failures, figures = prove(job)
     except OriginalFails as e:
         return {"failures": [], "original": str(e)}
+    if not job.get("layout"):
+        return {"failures": failures}
+    sizes, layout = job.get("sizes"), onnx.load(job["layout"], load_external_data=False)
+    return {"failures": failures, "data": sizes is None or made_of_sizes(job["after"], job["layout"], set(sizes)),
+            "measured": figures, "owned_bytes": owned_bytes(onnx.load(job["after"], load_external_data=False), layout)}
 
 
 _JOBS = {"optimize": _optimize, "measure": _measure, "measure_together": _measure_together, "prove": _prove}

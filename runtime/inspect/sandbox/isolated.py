@@ -95,10 +95,10 @@ def side_by_side(model_bytes, children=2):
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return cores >= 2 and _available() >= children * (3 * model_bytes + GiB)
+    return cores >= 2 and available_memory() >= children * (3 * model_bytes + GiB)
 
 
-def _available():
+def available_memory():
     """The bytes of memory the kernel says are available now (MemAvailable), 0 where it cannot say."""
     try:
         with open("/proc/meminfo") as f:

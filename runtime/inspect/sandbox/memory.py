@@ -5,8 +5,9 @@ from runtime.inspect.findings.counting import SETTINGS
 from runtime.inspect.sandbox import isolated
 
 
-def measure(model, rows, shape, folder, limits, model_bytes, side_by_side=False):
-    """`model`: {"checked": a Model's checked} (the user's model) or {"model": path} (one this tool wrote).
+def measure(model, rows, shape, folder, limits, model_bytes, side_by_side=False, settings=SETTINGS):
+    """`model`: {"checked": a Model's checked} (the user's model) or {"model": path} (one this tool wrote);
+    `settings`: those of SETTINGS to measure (all by default).
 
     {setting: {resident_bytes, anonymous_bytes, file_bytes, peak_bytes} or None, "error": why} for each of SETTINGS, each
     in a fresh isolated child, on the feeds `shape` (runtime.inspect.sandbox.feeds.plan) describes; `side_by_side`: the
@@ -16,9 +17,13 @@ def measure(model, rows, shape, folder, limits, model_bytes, side_by_side=False)
     def job(prepacking):
         return {"kind": "measure", **model, "rows": rows, "shape": shape, "prepacking": prepacking, "folder": folder}
 
+    why = too_large(model_bytes)
+    if why:
+        return {**{setting: None for setting in settings}, "error": why}
     measured, running = {}, {}
     try:
-        for setting, prepacking in SETTINGS.items():
+        for setting in settings:
+            prepacking = SETTINGS[setting]
             running[setting] = isolated.start(job(prepacking), f"running it once ({setting})", limits, model_bytes)
             if not side_by_side:
                 _collect(measured, setting, running.pop(setting))
@@ -28,6 +33,19 @@ def measure(model, rows, shape, folder, limits, model_bytes, side_by_side=False)
         for child in running.values():
             child.stop()
     return measured
+
+
+def too_large(model_bytes):
+    """Why a session of a model of `model_bytes` is not opened to be measured, or None: the memory available now
+    (MemAvailable) must hold one session at its peak, about the model's bytes and a quarter more (its prepacked
+    copies made while the originals are still mapped), and half a GiB of onnxruntime's own. A measurement is not
+    worth the machine's swap or the OOM killer; the copies are still counted from the optimized model."""
+    available = isolated.available_memory()
+    need = model_bytes * 5 // 4 + isolated.GiB // 2
+    if available and available < need:
+        return (f"a session of this model needs about {need / isolated.GiB:.1f} GiB, {available / isolated.GiB:.1f} "
+                "GiB is available now")
+    return None
 
 
 def _collect(measured, setting, child):
@@ -40,6 +58,9 @@ def _collect(measured, setting, child):
 def measure_together(parts, folder, limits, model_bytes):
     """measure() for a folder: `parts` [{"checked", "rows", "shape"}] one per file, all sessions held in one child
     (what the client's process holds), Pss so that pages two sessions map count once."""
+    why = too_large(model_bytes)
+    if why:
+        return {**{setting: None for setting in SETTINGS}, "error": why}
     measured = {}
     for setting, prepacking in SETTINGS.items():
         job = {"kind": "measure_together", "files": parts, "prepacking": prepacking, "folder": folder}

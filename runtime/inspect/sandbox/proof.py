@@ -7,13 +7,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from graphs.storage import release
 from runtime.bounds import U, dot_bounds
 from runtime.inspect.findings.shares import scalar_constant
 from runtime.inspect.graph.scopes import scopes
 from runtime.inspect.read.checked import source
 from runtime.inspect.read.model import graph_paths, label, load
 from runtime.inspect.sandbox.feeds import NoFeeds, describe, shaped_feeds
-from runtime.runner import Runner
+from runtime.resident import session_growth
+from runtime.runner import Runner, layout_session
 
 
 def _with_outputs(model, names):
@@ -71,18 +73,25 @@ def _branches(graph):
     return found
 
 
-def _outputs(proto, folder, hidden_names, feeds, prepacking=True):
-    """Every output of the model (a ModelProto, its external data not loaded), and the hidden vectors the heads
-    read, on `feeds`; `prepacking`: False runs it with session.disable_prepacking. Its tensor data is left to
-    onnxruntime, read from `folder`: one session at a time holds it."""
+def _runs(session, shown, feed_sets):
+    """A generator: for each feeds of `feed_sets` in turn, every output of `session` and, by their names, the
+    values `shown` ({name: the output that shows it}, _with_outputs') shows. One session, run on every feed set;
+    let go after the last (or when the generator is closed)."""
+    names = [o.name for o in session.get_outputs()]
+    for feeds in feed_sets:
+        outputs = dict(zip(names, session.run(names, feeds)))
+        yield {**outputs, **{name: outputs[out] for name, out in shown.items()}}
+
+
+def _original(proto, folder, hidden_names, prepacking):
+    """(a session of the original model, a ModelProto whose data onnxruntime reads from `folder`, with the hidden
+    vectors the heads read shown as outputs; {name: output}); `prepacking`: False runs it with
+    session.disable_prepacking."""
     model = onnx.ModelProto()
     model.CopyFrom(proto)
     model, shown = _with_outputs(model, hidden_names)
     # onnxruntime is the judge: contrib ops are beyond the onnx checker
-    session = Runner(model, data_folder=folder, prepacking=prepacking).session
-    names = [o.name for o in session.get_outputs()]
-    outputs = dict(zip(names, session.run(names, feeds)))
-    return {**outputs, **{name: outputs[out] for name, out in shown.items()}}
+    return Runner(model, data_folder=folder, prepacking=prepacking).session, shown
 
 
 def _head_bound(hidden, table, chunk=1 << 24):
@@ -91,8 +100,14 @@ def _head_bound(hidden, table, chunk=1 << 24):
     gamma_w of the exact sum."""
     vectors = hidden.reshape(-1, hidden.shape[-1])
     rows = max(1, chunk // (8 * table.shape[1]))
-    sums = np.concatenate([dot_bounds(table[i:i + rows], vectors) for i in range(0, len(table), rows)], axis=-1)
-    return 2 * sums.reshape(hidden.shape[:-1] + (len(table),))
+    sums = []
+    for i in range(0, len(table), rows):
+        block = table[i:i + rows]
+        sums.append(dot_bounds(block, vectors))
+        if block.flags.c_contiguous:  # read once: its pages are not held beside the session (a transposed
+            release(block)  # view's span the whole table: let go after)
+    release(table)
+    return 2 * np.concatenate(sums, axis=-1).reshape(hidden.shape[:-1] + (len(table),))
 
 
 class OriginalFails(Exception):
@@ -100,14 +115,15 @@ class OriginalFails(Exception):
 
 
 def prove(job):
-    """One-line failures (empty: proven) for job {before, checked (its Model's), after, rewritten: [[output, hidden,
+    """(one-line failures (empty: proven), the retied model's measured figures or None) for job {before, checked (its Model's), after, rewritten: [[output, hidden,
     table, transposed, now]], rows, shape (feeds.plan), folder, in_place (retie.branches read the weights in place:
-    the original is run with prepacking off, as its kernels then read them)}; OriginalFails when the original
+    the original is run with prepacking off, as its kernels then read them), layout (where the retied model's
+    session writes its optimized model's layout, if anywhere), measure (whether to measure that session: a single
+    file's retie)}; OriginalFails when the original
     itself does not run on those feeds. The original is read as checked (isolated.source), never from a file swapped in since."""
     data, folder = source(job["checked"])
     before = load(job["before"], folder, data=data)
     del data
-    after = onnx.load(job["after"], load_external_data=False)
     flipped = {table: transposed for _, _, table, transposed, _ in job["rewritten"]}
     tables = {name: before.tensors[name].values().T if transposed else before.tensors[name].values()
               for name, transposed in flipped.items()}  # each [vocab, width], memory-mapped
@@ -115,7 +131,7 @@ def prove(job):
     head_of = {output: (hidden, table) for output, hidden, table, *_ in job["rewritten"] if output}
     chains = _chains(before, head_of)
     watched = hidden_names + sorted(h for h in head_of if h not in {o.name for o in before.proto.graph.output})
-    failures, made = [], {}
+    feed_sets, made = [], {}  # [(sequence, what branch, feeds)]
     for sequence in job["shape"]["lengths"]:
         try:
             runs = _branch_feeds(before.proto, job["rows"], job["shape"], sequence)
@@ -125,16 +141,56 @@ def prove(job):
         for branch, feeds in runs:
             for upstream in job.get("upstream", []):
                 feeds = _fed_from(feeds, upstream, made)
-            try:  # a file whose weights the retie reads in place (retie.branches) against the export unpacked
-                old = _outputs(before.proto, folder, watched, feeds, prepacking=not job.get("in_place"))
-            except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
-                raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
-                                    f"({describe(dict(job['shape'], lengths=[sequence]))}{branch}): "
-                                    f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:300]}") from None
-            new = _outputs(after, os.path.dirname(job["after"]), watched, feeds)
-            old, new = (_outputs_of(run) for run in (old, new))
-            failures += [f"{sequence} new token(s){branch}: {f}" for f in _compare(old, new, head_of, chains, tables)]
-    return failures
+            feed_sets.append((sequence, branch, feeds))
+    made.clear()  # the other files' sessions: their outputs are fed, and are all they were for
+    feeds_only = [f for *_, f in feed_sets]
+    # one session of each model, run on every feed set in turn: one load each, one held at a time. The retied model
+    # first, as it was staged, nothing shown: its session also writes its optimized model's layout (the copies it
+    # holds) and, with job["measure"], is measured after its first run, in this process still fresh
+    session = None
+    try:
+        session, figures = _retied(job, feeds_only[0])
+        news = list(_runs(session, {}, feeds_only))
+    except Exception:  # noqa: BLE001 - the retied model refused: unless the original is refused too (OriginalFails)
+        session = None
+        _originals(job, before, folder, watched, feed_sets)
+        raise
+    session = None  # let go before the original's opens
+    olds = _originals(job, before, folder, watched, feed_sets)
+    failures = []
+    for (sequence, branch, _), old, new in zip(feed_sets, olds, news):
+        failures += [f"{sequence} new token(s){branch}: {f}" for f in _compare(old, new, head_of, chains, tables)]
+    return failures, figures
+
+
+def _originals(job, before, folder, watched, feed_sets):
+    """The original model's outputs (and the `watched` values it shows) on each of `feed_sets`, from one session;
+    OriginalFails where onnxruntime refuses it (then nothing about the retie is known)."""
+    olds, feeds_only = [], [f for *_, f in feed_sets]
+    for sequence, branch, _ in feed_sets:
+        try:
+            if not olds:  # a file whose weights the retie reads in place (retie.branches) against the export unpacked
+                originals = _runs(*_original(before.proto, folder, watched, not job.get("in_place")), feeds_only)
+            olds.append(_outputs_of(next(originals)))
+        except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
+            raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
+                                f"({describe(dict(job['shape'], lengths=[sequence]))}{branch}): "
+                                f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:300]}") from None
+    originals.close()
+    return olds
+
+
+def _retied(job, first):
+    """(a session of the retied model at job["after"], its data beside it, under onnxruntime's defaults; what it
+    added after a run on the feeds `first` (resident.session_growth's figures) where job["measure"], else None).
+    It writes its optimized model's layout to job["layout"] where the job names one."""
+    if job.get("measure"):
+        kept = []
+        figures = session_growth(job["after"], first, layout=job.get("layout"), keep=kept)
+        return kept[0], figures
+    if job.get("layout"):
+        return layout_session(job["after"], job["layout"]), None
+    return Runner(job["after"]).session, None
 
 
 def _branch_feeds(model, rows, shape, sequence):
@@ -243,8 +299,8 @@ def _constant_tensor(name, producer, model):
 def _compare(old, new, head_of, chains, tables):
     """Failures comparing two runs' outputs: a head's, and what it reaches through a bounded chain (_chains), within
     the head's bound times the chain's constant plus ULPS_PER_OP ulps per op on each side; the rest bit for bit."""
-    failures = []
-    for name in old:
+    failures = [f"output {name!r}: the original has none of that name" for name in new if name not in old]
+    for name in (n for n in new if n in old):  # the original's also shows the hidden vectors the bound reads
         a, b = old[name], new[name]
         ran = [c for c in chains.get(name, []) if old[head_of[c[0]][0]].size]  # the heads whose branch ran
         if a.shape != b.shape or a.dtype != b.dtype:
