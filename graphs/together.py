@@ -8,7 +8,8 @@ import tempfile
 import numpy as np
 import onnx
 
-from graphs.storage import ALIGN, ALIGN_FROM, is_large, umask, without_large_tensors, write_array
+from graphs.arrays import write_array
+from graphs.storage import ALIGN, ALIGN_FROM, is_large, umask, without_large_tensors
 
 
 def save_together(models, folder, data_name="model.data", min_external_bytes=1024):

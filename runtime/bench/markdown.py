@@ -6,7 +6,8 @@ a heading and in its region, to start such a page from.
 """
 import os
 
-from runtime.bench.page import REGION, table
+from runtime.bench.page import REGION, stamp, table
+from runtime.bench.scale import markdown_table as scale
 from runtime.bench.report import targets as judged
 
 def _size(r):
@@ -102,20 +103,6 @@ def floor(results):
                     f"{rate / 1e9:.1f}" if rate else "not measured"]])
 
 
-def scale(results):
-    rows = []
-    for f in results.get("scale") or ():
-        base = f["baseline"]
-        rows.append([f"{f['size_bytes'] / 2**30:.2f} GiB {f.get('form', 'torchscript')}", "plain session",
-                     f"{base['wall_s']:.1f} s", "1x", f"{base['peak_bytes'] / 2**30:.2f} GiB", "1x"])
-        for name in ("inspect", "static", "retie"):
-            c = f[name]
-            rows.append(["", name if c["status"] == 0 else f"{name} (exit {c['status']})", f"{c['wall_s']:.1f} s",
-                         f"{c['wall_s'] / base['wall_s']:.2f}x", f"{c['peak_bytes'] / 2**30:.2f} GiB",
-                         f"{c['peak_bytes'] / max(1, base['peak_bytes']):.2f}x"])
-    return table(["model", "command", "wall", "x session", "peak Pss", "x session"], rows or [["not measured"] * 6])
-
-
 def targets(results):
     return table(["", "target (figures of this run)"],
                   [["met" if ok else "**NOT met**", what.replace("|", "/")] for what, ok in judged(results)], left=2)
@@ -125,13 +112,6 @@ TABLES = {"machine": machine, "lookups": lookups, "format_lookups": format_looku
           "head": head, "head_memory": head_memory, "memory": memory, "formats": formats, "floor": floor,
           "scale": scale, "targets": targets}
 OPTIONAL = {"scale"}  # measured only when asked (--scale): a run without it leaves its region as it was
-
-
-def stamp(results):
-    """The line under every table: the run it comes from."""
-    quick = "; `--quick`" if results.get("quick") else ""
-    return (f"*{results.get('date', '?')}, {results.get('cpu', '?')} ({results.get('cores', '?')} cores), "
-            f"onnxruntime {results.get('onnxruntime', '?')}{quick}*")
 
 
 def region(name, results):

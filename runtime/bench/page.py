@@ -41,3 +41,10 @@ def rewrite_region(path, name, text):
                       check_region(path, name))
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)
+
+
+def stamp(results):
+    """The line under every table: the run it comes from."""
+    quick = "; `--quick`" if results.get("quick") else ""
+    return (f"*{results.get('date', '?')}, {results.get('cpu', '?')} ({results.get('cores', '?')} cores), "
+            f"onnxruntime {results.get('onnxruntime', '?')}{quick}*")

@@ -7,6 +7,8 @@ the baseline), `inspect MODEL`, `inspect MODEL --static` and `inspect MODEL --re
 wall time and peak as ratios to the baseline of the same run, and the issue's targets met or not. The models
 are written to a scratch folder (--scratch DIR chooses where) and removed after."""
 import argparse
+import datetime
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -14,6 +16,7 @@ import sys
 import tempfile
 import time
 
+from runtime.bench import page
 from runtime.bench.scale_model import FORMS, blocks_for, generate
 
 TARGETS = {"inspect": (3.0, 1.3), "static": (0.5, None), "retie": (5.0, 1.5)}  # (time, peak) x the plain session
@@ -122,15 +125,47 @@ def targets(figures):
     return found
 
 
+def markdown_table(results):
+    """The Markdown rows of section f (BENCHMARKS.md's `scale` region): each command's figures and ratios."""
+    rows = []
+    for f in results.get("scale") or ():
+        base = f["baseline"]
+        rows.append([f"{f['size_bytes'] / 2**30:.2f} GiB {f.get('form', 'torchscript')}", "plain session",
+                     f"{base['wall_s']:.1f} s", "1x", f"{base['peak_bytes'] / 2**30:.2f} GiB", "1x"])
+        for name in ("inspect", "static", "retie"):
+            c = f[name]
+            rows.append(["", name if c["status"] == 0 else f"{name} (exit {c['status']})", f"{c['wall_s']:.1f} s",
+                         f"{c['wall_s'] / base['wall_s']:.2f}x", f"{c['peak_bytes'] / 2**30:.2f} GiB",
+                         f"{c['peak_bytes'] / max(1, base['peak_bytes']):.2f}x"])
+    return page.table(["model", "command", "wall", "x session", "peak Pss", "x session"], rows or [["not measured"] * 6])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m runtime.bench.scale", description=__doc__)
     parser.add_argument("--gib", type=float, nargs="+", default=[3.0], help="model sizes in GiB (default 3)")
     parser.add_argument("--form", choices=FORMS, default="torchscript")
     parser.add_argument("--scratch", metavar="DIR", help="where the models are written (default: TMPDIR)")
+    parser.add_argument("--markdown", metavar="FILE", help="also rewrite the <!-- bench:scale --> region of FILE "
+                        "(BENCHMARKS.md) with this run's table")
     args = parser.parse_args(argv)
+    if any(not 0 < gib <= 64 for gib in args.gib):
+        parser.error("--gib: each size must be in (0, 64] GiB")
+    if args.markdown:
+        try:
+            page.check_region(args.markdown, "scale")  # refused before minutes of measuring, not after
+        except (OSError, ValueError) as e:
+            parser.error(str(e))
+    started = datetime.datetime.now(datetime.timezone.utc)
+    figures = []
     for gib in args.gib:
-        for line in lines(bench_scale([gib], args.form, args.scratch)[0]):
+        figures += bench_scale([gib], args.form, args.scratch)
+        for line in lines(figures[-1]):
             print(line, flush=True)
+    if args.markdown:
+        run = {"scale": figures, "date": started.strftime("%Y-%m-%d %H:%M"), "cpu": page.cpu(),
+               "cores": os.cpu_count(), "onnxruntime": importlib.metadata.version("onnxruntime")}
+        page.rewrite_region(args.markdown, "scale", "\n".join(markdown_table(run)) + "\n\n" + page.stamp(run)
+                            + "\n")
 
 
 if __name__ == "__main__":

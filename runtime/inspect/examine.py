@@ -47,7 +47,8 @@ class Examination:
     The child's session writes the optimized model's layout as it opens (runner.data_thrown_away) and, where the
     model is measured, is the session measured under the defaults: one load for both. Writing holds a copy of what
     onnxruntime keeps in its own memory (resident.owned_bytes: inline or folded tensors); where that is more than
-    resident.OWNED_MOST the figures would show it, and a fresh child measures the defaults again."""
+    resident.OWNED_MOST the figures would show it, and a fresh child measures the defaults again. A model that holds
+    more than that inline is measured apart from the start, beside the optimizing child where the machine allows."""
 
     def __init__(self, path, folder, limits=None, proof_past=None, measure=True, root=None):
         self.limits = limits = limits or isolated.Limits()
@@ -57,7 +58,8 @@ class Examination:
         self.tables, self.heads = find_tables_and_heads(model)
         self.rows = {lookup_ids(t): t["vocab"] for t in self.tables}  # each lookup's ids, and the rows they may name
         self.measure = measure and bool(self.tables)
-        self.merged = self.measure and not memory.too_large(model.file_bytes)
+        inline = sum(t.nbytes for t in model.tensors.values() if t.external is None)
+        self.merged = self.measure and inline <= OWNED_MOST and not memory.too_large(model.file_bytes)
         self.job = {"kind": "optimize", "checked": model.checked, "out": os.path.join(folder, "optimized.onnx"),
                     "folder": folder, "sizes": copy_sizes(model, self.tables + self.heads)}
         if self.merged:
@@ -99,8 +101,17 @@ class Examination:
         onnxruntime refuses to run on the feeds), its optimized model is built alone and both settings measured,
         so that each failure is reported as it would be in turn: the optimized model's first."""
         model, limits = self.model, self.limits
-        if not self.merged:
-            return optimized_version(self.first, model.path), self._measured(list(SETTINGS)) if self.measure else {}
+        if not self.merged:  # the measurements beside the optimizing child where the machine allows, else after it
+            if not self.measure:
+                return optimized_version(self.first, model.path), {}
+            if not isolated.side_by_side(model.file_bytes, 1 + len(SETTINGS)):
+                return optimized_version(self.first, model.path), self._measured(list(SETTINGS))
+            try:
+                measured = self._measured(list(SETTINGS))
+            except InspectError:
+                optimized_version(self.first, model.path)  # its failure is the one to report, as in turn
+                raise
+            return optimized_version(self.first, model.path), measured
         try:
             answer = self.first.result()
         except isolated.StepFailed:

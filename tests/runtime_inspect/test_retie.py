@@ -28,7 +28,7 @@ from runtime.inspect.read import checked as read_checked
 from runtime.inspect.read.model import load
 from runtime.inspect.retie import rewrite, rules
 from runtime.inspect.retie.write import retie
-from runtime.inspect.sandbox import feeds, isolated, proof
+from runtime.inspect.sandbox import agree, feeds, isolated
 from runtime.inspect.sandbox.feeds import feeds_for
 from runtime.resident import prepacked_copies
 from runtime.runner import optimized_model
@@ -532,7 +532,7 @@ def test_a_head_output_just_past_its_bound_fails_and_just_within_passes():
         old = {"logits": exact, "hidden": hidden}
         new = {"logits": moved.astype(np.float32), "hidden": hidden}
         assert abs(float(new["logits"][at]) - moved[at]) < 0.01 * bound[at]
-        failures = proof._compare(old, new, head_of, chains, tables)
+        failures = agree.compare(old, new, head_of, chains, tables)
         assert bool(failures) == fails, (factor, failures)
 
 

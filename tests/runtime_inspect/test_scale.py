@@ -10,7 +10,8 @@ import onnx
 import pytest
 
 import graphs
-from graphs.storage import release, stage
+from graphs.arrays import release
+from graphs.storage import stage
 from runtime.bench import scale_model
 from runtime.inspect.examine import inspect_model
 from runtime.inspect.findings.relations import runtime_copies

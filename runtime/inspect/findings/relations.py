@@ -4,7 +4,7 @@ import hashlib
 import numpy as np
 from onnx import TensorProto
 
-from graphs.storage import release
+from graphs.arrays import release
 from runtime.inspect.findings import shares
 from runtime.inspect.graph import quantized
 from runtime.inspect.read.model import FLOATS, label
