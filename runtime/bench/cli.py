@@ -39,7 +39,7 @@ def _parser():
                         "FILE if it exists (BENCHMARKS.md), else a new file holding every table")
     parser.add_argument("--scale", metavar="GIB", type=float, nargs="+", help="also f: inspect, --static and "
                         "--retie on generated tied models of these sizes, each a ratio to a plain session of the same "
-                        "model (runtime.bench.scale; 3 and 9 GiB take about 10 minutes here, and twice the largest "
+                        "model (runtime.bench.scale; 3 and 8 GiB take about 10 minutes here, and twice the largest "
                         "size on disk)")
     parser.add_argument("--plot", metavar="FILE.png", help="plot the ratios, and the memory meeting beside it as "
                         "FILE_formats.png (needs matplotlib)")
