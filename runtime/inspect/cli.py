@@ -1,6 +1,5 @@
 """The command: python -m runtime.inspect MODEL.onnx|FOLDER [--json] [--retie OUT.onnx] [--check] [--files A,B]
 [--timeout S] [--memory-limit GiB]."""
-import argparse
 import errno
 import json
 import os
@@ -8,50 +7,17 @@ import sys
 import tempfile
 
 import graphs
-from embed import OneLineParser, Terminated, UsageError, raise_on_sigterm, run_cli
+from embed import Terminated, UsageError, raise_on_sigterm, run_cli
 from runtime.inspect.examine import inspect_model
 from runtime.inspect.examine_folder import inspect_folder
-from runtime.inspect.findings.across import folder_held_twice, held_twice
-from runtime.inspect.read import sidecars
+from runtime.inspect.findings.across import check_failures, check_lines, folder_check_failures
 from runtime.inspect.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report
 from runtime.inspect.retie.folder import retie_folder
 from runtime.inspect.retie.write import retie
-from runtime.inspect.sandbox import feeds, guard, isolated
+from runtime.inspect import usage
+from runtime.inspect.sandbox import guard, isolated
 from runtime.progress import Progress
-
-DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
-
-Tables are initializers a Gather or GatherBlockQuantized reads rows from; heads are the weights of a MatMul,
-Gemm, FusedMatMul, MatMulNBits or integer matmul (MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul), seen
-through Identity, Transpose, Reshape, Cast, Squeeze, Unsqueeze and DequantizeLinear. Each table/head pair of
-matching shape is `shared` (one initializer), `duplicate` (same values; quantized: same codes and scales in any
-layout), `transposed_duplicate`, `quantized_copy` (one holds the other quantized: not a tie) or `distinct`.
-Each vocabulary line gives a table's size, format, tie, and share of the parameters as Hugging Face counts them,
-then what a session holds: copies under onnxruntime's default SessionOptions (prepacked ones counted) and with
-session.disable_prepacking=1, and the resident bytes one run adds, measured in a fresh child each. Runtime copies
-are the initializers onnxruntime's optimized model adds and the copies kernels prepack at load. The model is run
-on decoder feeds derived from it (past length at least any sliding window it declares; --proof-past overrides).
-
-A FOLDER is the files a client loads together (genai_config.json's; Optimum's encoder + merged decoder, or the
-split decoders; transformers.js's onnx/ layout at one dtype suffix; --files chooses): each file's report, then each
-table across the files (where it is stored, who reads it, what one process holding every session keeps) and
-config.json's tie_word_embeddings against the graph. Tables and heads inside If / Loop / Scan bodies count too.
-
---retie writes OUT with each duplicated head, and each head read through a Transpose, a Gemm on its table through
-a run-time view nothing prepacks; an int4 lookup reading the head's packed codes in place; and copies
-genai_config.json (naming OUT), config and tokenizer files beside OUT. For a FOLDER, OUT is a new folder: every
-file retied, all of them naming one data file that holds each table once. It proves the change first (heads within
-float32's bound, everything else bit for bit) and never overwrites. The model is untrusted: every tensor is
-checked before it is read, external data must lie inside the model's folder, and onnxruntime runs in a child
-process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole command."""
-
-EPILOG = """exit status: 0 report written (and OUT, if --retie had something to do); 1 the retie proof failed,
-nothing written, or --check found a table held twice or a tie config.json contradicts (or whoever read the report
-stopped, as `| head` does); 2 bad usage, a model that cannot be read
-safely, or one that cannot be proven on this machine (onnxruntime cannot run the original on the proof's feeds),
-or --timeout passed (one line on stderr); 130 / 143 / 129 interrupted, terminated, hung up (nothing left behind)."""
-
 
 class _Held:
     """A stream whose writes are held until release(): with --json, a retie's lines reach stderr only once it ends
@@ -73,46 +39,6 @@ class _Clean:
 
     def __init__(self, stream):
         self.write = _writer(stream)
-
-
-def _positive(text, most=1e6):
-    """A positive number of at most `most` (seconds or GiB): beyond that a limit is no limit, and the kernel's and
-    Python's own limits overflow."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= most:
-        raise argparse.ArgumentTypeError(f"want a positive number up to {most:g}, got {text!r}")
-    return value
-
-
-LEAST_MEMORY = 0.25  # GiB: Python and onnxruntime take about 0.2 GiB of address space before any model
-
-
-def _memory_limit(text):
-    """--memory-limit: GiB, from LEAST_MEMORY (below it no model could be run: the finding would be about the
-    limit, not the model) to 1e6."""
-    value = _positive(text)
-    if value < LEAST_MEMORY:
-        raise argparse.ArgumentTypeError(f"want at least {LEAST_MEMORY} GiB (Python and onnxruntime alone take about "
-                                         f"0.2 GiB of address space), got {text!r}")
-    return value
-
-
-def _past(text):
-    """--proof-past: a whole number of tokens, below sidecars.MOST."""
-    if not text.isdigit() or int(text) >= sidecars.MOST:
-        raise argparse.ArgumentTypeError(f"want a whole number of tokens from 0 to {sidecars.MOST - 1}, got {text!r}")
-    return int(text)
-
-
-def _names(text):
-    """--files: comma-separated file names."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(f"want file names separated by commas, got {text!r}")
-    return names
 
 
 def _check_out_folder(out, model):
@@ -159,37 +85,6 @@ def _writer(stream, progress=None):
     return write
 
 
-def _parser():
-    """The command line's parser: every option, with its help."""
-    parser = OneLineParser(prog="python -m runtime.inspect", description=DESCRIPTION, epilog=EPILOG,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", metavar="MODEL.onnx|FOLDER",
-                        help="a model file, or the folder a client loads (genai_config.json's files; Optimum's encoder "
-                             "and merged decoder; transformers.js's onnx/ layout)")
-    parser.add_argument("--files", metavar="A,B", type=_names,
-                        help="for a FOLDER: the files (relative to it) to inspect together, instead of the ones its "
-                             "layout names")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 when a table is held more than once (on disk or in memory under onnxruntime's "
-                             "defaults) or a tie contradicts config.json, after the report")
-    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
-    parser.add_argument("--static", action="store_true",
-                        help="answer from the files alone, without onnxruntime: tables, heads, pairs and the bytes on "
-                             "disk; no runtime copies, nothing counted in memory")
-    parser.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table, with the sidecar files its runtime reads")
-    parser.add_argument("--timeout", type=_positive, metavar="S",
-                        help="wall-clock seconds the whole command may take, onnxruntime's steps included; past them "
-                             f"it stops with one line and writes nothing (default {isolated.TIMEOUT:g}, and "
-                             f"{isolated.PER_GIB:g} more per GiB of the model's folder past the first)")
-    parser.add_argument("--memory-limit", type=_memory_limit, metavar="GiB",
-                        help="address space each onnxruntime step may take (default 4 GiB + 6x the model's bytes)")
-    parser.add_argument("--proof-past", type=_past, metavar="N",
-                        help="past tokens (KV cache length) in the decoder feeds the model is run and proven on "
-                             f"(default {feeds.PAST}, or the longest sliding window the model or the "
-                             "genai_config.json / config.json beside it declares)")
-    return parser
-
-
 def _streams():
     """Standard error reopened on /dev/null if closed, and names either stream cannot show escaped."""
     if sys.stderr is None:  # closed (`2>&-`): errors go nowhere, the exit status still says
@@ -199,6 +94,16 @@ def _streams():
             stream.reconfigure(errors="backslashreplace")
         except (AttributeError, LookupError, ValueError):  # not a text stream, or an encoding without it (idna)
             pass
+
+
+def _checked(args, failures):
+    """The exit status of a run without --retie: with --check, 1 where `failures` (check_failures' lines) is not
+    empty, its lines at the end of the report (stdout; stderr under --json, whose stdout is the JSON alone)."""
+    if not args.check:
+        return 0
+    for line in check_lines(failures):
+        print(printable(line), file=sys.stderr if args.json else sys.stdout)
+    return 1 if failures else 0
 
 
 def _check_args(args, prog):
@@ -218,7 +123,7 @@ def main(argv=None, supervised=True):
     """The command; its exit status. `supervised`: run the work in guard's forked worker, as the command does (False
     runs it in this process, for a caller that captures sys.stdout in-process; no SIGBUS or whole-command deadline
     protection then)."""
-    parser = _parser()
+    parser = usage.parser()
     _streams()
     raise_on_sigterm()  # SIGTERM unwinds like SIGINT: the scratch folder and a staged OUT go, the child is killed
     try:
@@ -264,7 +169,7 @@ def _work(args, prog, folder):
             if args.retie is not None:
                 status = retie_folder(result, args.retie, folder, limits, _writer(said, progress))
                 return _released(said, status)
-            return 1 if args.check and folder_held_twice(result) else 0
+            return _checked(args, folder_check_failures(result))
         info = inspect_model(args.model, folder, limits, args.proof_past, args.static)
         progress.done()
         say = _writer(said, progress)
@@ -273,7 +178,7 @@ def _work(args, prog, folder):
         else:
             report(info, args.model, _Clean(sys.stdout))
         if args.retie is None:
-            return 1 if args.check and held_twice(info) else 0
+            return _checked(args, check_failures(info))
         try:
             return _released(said, retie(info["model"], info, args.retie, folder, limits, say))
         finally:

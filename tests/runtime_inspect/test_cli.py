@@ -98,3 +98,28 @@ def test_the_default_timeout_grows_with_the_models_bytes(tmp_path):
     os.mkfifo(tmp_path / "pipe")  # no size, never opened
     assert isolated.default_timeout(str(tmp_path / "model.onnx")) == 600 + 60 * 2
     assert isolated.default_timeout(str(tmp_path)) == 600 + 60 * 2
+
+
+def test_checks_last_line_says_why_it_failed_or_that_it_passed(tmp_path):
+    import json
+
+    from runtime.bench import scale_model
+    path = str(tmp_path / "m.onnx")  # a head holding the table transposed: stored twice, prepacked at load
+    scale_model.generate(path, 1, vocab=300, width=16, hidden=32)
+    data = json.loads(run_inspect(path, "--json").stdout)
+    (pair,) = [p for p in data["pairs"] if p["relation"] != "distinct"]
+    (entry,) = data["vocabulary"]
+    done = run_inspect(path, "--check")
+    *reasons, last = done.stdout.splitlines()[-3:]
+    assert done.returncode == 1 and last.startswith("--check: failed, 2 reasons: "), last
+    stored, held = reasons
+    assert stored.startswith("--check: FAIL ") and stored.endswith(
+        f"{pair['table']} is stored twice in the file: head {pair['head']} holds a "
+        f"{pair['relation'].replace('_', ' ')} of it")
+    assert f"{entry['table']} is held {entry['tables_in_memory']} times" in held and entry["tables_in_memory"] == 2
+    assert last.endswith(stored.removeprefix("--check: FAIL ") + "; " + held.removeprefix("--check: FAIL "))
+    done = run_inspect(path, "--check", "--json")  # the JSON alone on stdout, the verdict on stderr
+    assert done.returncode == 1 and json.loads(done.stdout)["pairs"] and done.stderr.splitlines()[-1] == last
+    once = tied(tmp_path / "tied.onnx")
+    done = run_inspect(once, "--check")
+    assert done.returncode == 0 and done.stdout.splitlines()[-1].startswith("--check: passed"), done.stdout

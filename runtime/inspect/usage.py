@@ -1,0 +1,110 @@
+"""inspect's command line: its help text, its options and the parsers that check each value."""
+import argparse
+
+from embed import OneLineParser
+from runtime.inspect.read import sidecars
+from runtime.inspect.sandbox import feeds, isolated
+
+DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
+
+Tables are initializers a Gather or GatherBlockQuantized reads rows from; heads are the weights of a MatMul,
+Gemm, FusedMatMul, MatMulNBits or integer matmul (MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul), seen
+through Identity, Transpose, Reshape, Cast, Squeeze, Unsqueeze and DequantizeLinear. Each table/head pair of
+matching shape is `shared` (one initializer), `duplicate` (same values; quantized: same codes and scales in any
+layout), `transposed_duplicate`, `quantized_copy` (one holds the other quantized: not a tie) or `distinct`.
+Each vocabulary line gives a table's size, format, tie, and share of the parameters as Hugging Face counts them,
+then what a session holds: copies under onnxruntime's default SessionOptions (prepacked ones counted) and with
+session.disable_prepacking=1, and the resident bytes one run adds, measured in a fresh child each. Runtime copies
+are the initializers onnxruntime's optimized model adds and the copies kernels prepack at load. The model is run
+on decoder feeds derived from it (past length at least any sliding window it declares; --proof-past overrides).
+
+A FOLDER is the files a client loads together (genai_config.json's; Optimum's encoder + merged decoder, or the
+split decoders; transformers.js's onnx/ layout at one dtype suffix; --files chooses): each file's report, then each
+table across the files (where it is stored, who reads it, what one process holding every session keeps) and
+config.json's tie_word_embeddings against the graph. Tables and heads inside If / Loop / Scan bodies count too.
+
+--retie writes OUT with each duplicated head, and each head read through a Transpose, a Gemm on its table through
+a run-time view nothing prepacks; an int4 lookup reading the head's packed codes in place; and copies
+genai_config.json (naming OUT), config and tokenizer files beside OUT. For a FOLDER, OUT is a new folder: every
+file retied, all of them naming one data file that holds each table once. It proves the change first (heads within
+float32's bound, everything else bit for bit) and never overwrites. The model is untrusted: every tensor is
+checked before it is read, external data must lie inside the model's folder, and onnxruntime runs in a child
+process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole command."""
+
+EPILOG = """exit status: 0 report written (and OUT, if --retie had something to do); 1 the retie proof failed,
+nothing written, or --check found a table held twice or a tie config.json contradicts (or whoever read the report
+stopped, as `| head` does); 2 bad usage, a model that cannot be read
+safely, or one that cannot be proven on this machine (onnxruntime cannot run the original on the proof's feeds),
+or --timeout passed (one line on stderr); 130 / 143 / 129 interrupted, terminated, hung up (nothing left behind)."""
+
+
+def positive(text, most=1e6):
+    """A positive number of at most `most` (seconds or GiB): beyond that a limit is no limit, and the kernel's and
+    Python's own limits overflow."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= most:
+        raise argparse.ArgumentTypeError(f"want a positive number up to {most:g}, got {text!r}")
+    return value
+
+
+LEAST_MEMORY = 0.25  # GiB: Python and onnxruntime take about 0.2 GiB of address space before any model
+
+
+def _memory_limit(text):
+    """--memory-limit: GiB, from LEAST_MEMORY (below it no model could be run: the finding would be about the
+    limit, not the model) to 1e6."""
+    value = positive(text)
+    if value < LEAST_MEMORY:
+        raise argparse.ArgumentTypeError(f"want at least {LEAST_MEMORY} GiB (Python and onnxruntime alone take about "
+                                         f"0.2 GiB of address space), got {text!r}")
+    return value
+
+
+def _past(text):
+    """--proof-past: a whole number of tokens, below sidecars.MOST."""
+    if not text.isdigit() or int(text) >= sidecars.MOST:
+        raise argparse.ArgumentTypeError(f"want a whole number of tokens from 0 to {sidecars.MOST - 1}, got {text!r}")
+    return int(text)
+
+
+def _names(text):
+    """--files: comma-separated file names."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"want file names separated by commas, got {text!r}")
+    return names
+
+
+def parser():
+    """The command line's parser: every option, with its help (python -m runtime.inspect --help)."""
+    found = OneLineParser(prog="python -m runtime.inspect", description=DESCRIPTION, epilog=EPILOG,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    found.add_argument("model", metavar="MODEL.onnx|FOLDER",
+                        help="a model file, or the folder a client loads (genai_config.json's files; Optimum's encoder "
+                             "and merged decoder; transformers.js's onnx/ layout)")
+    found.add_argument("--files", metavar="A,B", type=_names,
+                        help="for a FOLDER: the files (relative to it) to inspect together, instead of the ones its "
+                             "layout names")
+    found.add_argument("--check", action="store_true",
+                        help="exit 1 when a table is held more than once (on disk or in memory under onnxruntime's "
+                             "defaults) or a tie contradicts config.json, after the report, whose last line "
+                             "then says why (or that it passed)")
+    found.add_argument("--json", action="store_true", help="print the findings as JSON")
+    found.add_argument("--static", action="store_true",
+                        help="answer from the files alone, without onnxruntime: tables, heads, pairs and the bytes on "
+                             "disk; no runtime copies, nothing counted in memory")
+    found.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table, with the sidecar files its runtime reads")
+    found.add_argument("--timeout", type=positive, metavar="S",
+                        help="wall-clock seconds the whole command may take, onnxruntime's steps included; past them "
+                             f"it stops with one line and writes nothing (default {isolated.TIMEOUT:g}, and "
+                             f"{isolated.PER_GIB:g} more per GiB of the model's folder past the first)")
+    found.add_argument("--memory-limit", type=_memory_limit, metavar="GiB",
+                        help="address space each onnxruntime step may take (default 4 GiB + 6x the model's bytes)")
+    found.add_argument("--proof-past", type=_past, metavar="N",
+                        help="past tokens (KV cache length) in the decoder feeds the model is run and proven on "
+                             f"(default {feeds.PAST}, or the longest sliding window the model or the "
+                             "genai_config.json / config.json beside it declares)")
+    return found
