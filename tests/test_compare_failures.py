@@ -133,8 +133,9 @@ def test_compare_k_outside_its_range_is_a_usage_error(k):
     done = subprocess.run([sys.executable, "-m", "runtime.compare", "--vocab-size", "64", "--width", "8", "--k", k],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stdout == "", done.stderr
-    assert done.stderr == (f"python -m runtime.compare: error: --k must be in [1, {2**63 - 1}], got {k} (a k above "
-                           "--vocab-size - 1 = 63 lists all 63 other tokens)\n")
+    why = (f"at most 2**63 - 1 (an int64), got {k}; any k above --vocab-size - 1 = 63 lists all 63 other tokens"
+           if int(k) > 0 else f"at least 1 (the neighbours each list holds), got {k}")
+    assert done.stderr == f"python -m runtime.compare: error: --k must be {why}\n"
 
 
 def test_compare_k_above_the_others_lists_them_all(capsys):

@@ -97,9 +97,11 @@ def parse(argv=None, description=""):
             raise ValueError("--ids needs at least one id")
         embed.check_ids(args.ids + [args.query] + ([args.stretch] if args.stretch is not None else []),
                         args.vocab_size)
-        if not 1 <= args.k <= MAX_K:  # 0 would check nothing; the graphs take k as an int64
-            raise ValueError(f"--k must be in [1, {MAX_K}], got {args.k} (a k above --vocab-size - 1 = "
-                             f"{args.vocab_size - 1} lists all {args.vocab_size - 1} other tokens)")
+        if args.k < 1:  # 0 would check nothing
+            raise ValueError(f"--k must be at least 1 (the neighbours each list holds), got {args.k}")
+        if args.k > MAX_K:  # the graphs take k as an int64
+            raise ValueError(f"--k must be at most 2**63 - 1 (an int64), got {args.k}; any k above --vocab-size - 1 = "
+                             f"{args.vocab_size - 1} lists all {args.vocab_size - 1} other tokens")
         if args.factor is not None:
             embed.check_factor(args.factor)
             if not FACTORS[0] <= args.factor <= FACTORS[1]:  # float32 squares of a stretched row stay normal

@@ -31,11 +31,13 @@ float32's bound, everything else bit for bit) and never overwrites. The model is
 checked before it is read, external data must lie inside the model's folder, and onnxruntime runs in a child
 process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole command."""
 
-EPILOG = """exit status: 0 report written (and OUT, if --retie had something to do); 1 the retie proof failed,
-nothing written, or --check found a table held twice or a tie config.json contradicts (or whoever read the report
-stopped, as `| head` does); 2 bad usage, a model that cannot be read
-safely, or one that cannot be proven on this machine (onnxruntime cannot run the original on the proof's feeds),
-or --timeout passed (one line on stderr); 130 / 143 / 129 interrupted, terminated, hung up (nothing left behind)."""
+EPILOG = """exit status:
+  0    the report written (and OUT, if --retie had something to do)
+  1    the retie proof failed, nothing written; or --check found a table held twice or a tie config.json
+       contradicts; or whoever read the report stopped (as `| head` does)
+  2    bad usage; a model that cannot be read safely, or that cannot be proven on this machine (onnxruntime
+       cannot run the original on the proof's feeds); or --timeout passed (one line on stderr)
+  130, 143, 129  interrupted, terminated, hung up (nothing left behind)"""
 
 
 def positive(text, most=1e6):
