@@ -12,7 +12,9 @@ from tests.helpers import FIXTURES, ROOT, inspect_cli, one_line_error, refused, 
 def test_exit_codes_are_documented():
     code, out, _ = inspect_cli("--help")
     assert code == 0
-    assert "0 report written" in out and "1 the retie proof failed" in out and "2 bad usage" in out
+    statuses = out.split("exit status:\n", 1)[1].splitlines()  # one status a line, none wrapped mid-sentence
+    assert [line.split()[0] for line in statuses if not line.startswith("       ")] == ["0", "1", "2", "130,"]
+    assert "0    the report written" in out and "1    the retie proof failed" in out and "2    bad usage" in out
     assert "--timeout" in out and "--memory-limit" in out
 
 
