@@ -75,20 +75,22 @@ def session_growth(path, feeds, prepacking=True, disabled_optimizers=(), data_fo
                            layout=layout, keep=keep)
 
 
+def made(original, layout):
+    """The initializers (TensorProtos) the optimized model `layout` (a ModelProto) holds that `original` does not,
+    in that graph: the tensors onnxruntime's optimizer made (folded, cast, transposed)."""
+    before = {path: {t.name for t in g.initializer} for path, _, g in graph_paths(original.graph)}
+    return [t for path, _, g in graph_paths(layout.graph) for t in g.initializer if t.name not in before.get(path, ())]
+
+
 def owned_bytes(original, layout):
     """The bytes a session that wrote the optimized model `layout` (a ModelProto) holds once more for having written
-    it: those of the tensors onnxruntime holds in its own memory, as `layout` lists them, namely each it made (not
-    an initializer of `original`, in that graph) and each `original` stores inline. Tensors `original` stores as
-    external data are mapped, and written from where they lie."""
-    stored = {}
-    for path, _, g in graph_paths(original.graph):
-        stored[path] = {t.name: t.data_location == TensorProto.EXTERNAL for t in g.initializer}
-    total = 0
-    for path, _, g in graph_paths(layout.graph):
-        for t in g.initializer:
-            if not stored.get(path, {}).get(t.name, False):
-                total += (math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8
-    return total
+    it: those of the tensors onnxruntime holds in its own memory, as `layout` lists them, namely each it made
+    (made()) and each `original` stores inline. Tensors `original` stores as external data are mapped, and written
+    from where they lie."""
+    external = {(path, t.name) for path, _, g in graph_paths(original.graph) for t in g.initializer
+                if t.data_location == TensorProto.EXTERNAL}
+    return sum((math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8
+               for path, _, g in graph_paths(layout.graph) for t in g.initializer if (path, t.name) not in external)
 
 
 def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=proportional, layout=None, keep=None):

@@ -1,13 +1,10 @@
 """One onnxruntime session per model, with the id check ONNX itself does not make."""
 import contextlib
-import math
 import os
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-
-from graphs.bodies import graph_paths
 
 
 _NUMPY = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
@@ -94,17 +91,6 @@ def layout_session(model, path, data_folder=None):
     copy of every tensor onnxruntime holds in its own memory (inline or folded: runtime.resident.owned_bytes)."""
     with data_thrown_away(path):
         return open_session(model, writing(read_data_from(session_options(prepacking=True), data_folder), path))
-
-
-def made_of_sizes(model, optimized, sizes, folder=None):
-    """Whether the optimized model at `optimized` holds an initializer that `model` (a path, or serialized bytes
-    when `folder` holds its data) does not, in any graph, of one of `sizes` elements: a copy onnxruntime made whose
-    values inspect must compare (the layout alone does not show them)."""
-    original = onnx.load_model_from_string(model) if folder else onnx.load(model, load_external_data=False)
-    before = {path: {t.name for t in g.initializer} for path, _, g in graph_paths(original.graph)}
-    after = onnx.load(optimized, load_external_data=False)
-    return any(t.name not in before.get(path, ()) and math.prod(t.dims) in sizes
-               for path, _, g in graph_paths(after.graph) for t in g.initializer)
 
 
 def optimized_model(model, folder, name="optimized.onnx"):

@@ -88,15 +88,22 @@ def run_size(gib, form, where, **dims):
     return figures
 
 
+def _judged(figures):
+    """(command, its figures, time ratio, peak ratio, met) for each command of TARGETS, against the baseline."""
+    base = figures["baseline"]
+    for name, (most_time, most_peak) in TARGETS.items():
+        f = figures[name]
+        t, p = f["wall_s"] / base["wall_s"], f["peak_bytes"] / max(1, base["peak_bytes"])
+        yield name, f, t, p, t <= most_time and (most_peak is None or p <= most_peak) and f["status"] == 0
+
+
 def lines(figures):
     """The report's lines for one size: each command, its ratios, its target."""
     base = figures["baseline"]
     yield (f"{figures['size_bytes'] / 2**30:.2f} GiB: plain session (load + one run) {base['wall_s']:.1f} s, "
            f"peak {base['peak_bytes'] / 2**30:.2f} GiB Pss")
-    for name, (most_time, most_peak) in TARGETS.items():
-        f = figures[name]
-        t, p = f["wall_s"] / base["wall_s"], f["peak_bytes"] / max(1, base["peak_bytes"])
-        met = t <= most_time and (most_peak is None or p <= most_peak) and f["status"] == 0
+    for name, f, t, p, met in _judged(figures):
+        most_time, most_peak = TARGETS[name]
         target = f"<= {most_time}x time" + (f", <= {most_peak}x peak" if most_peak else "")
         yield (f"  {name:<8} {f['wall_s']:6.1f} s = {t:4.2f}x, peak {f['peak_bytes'] / 2**30:5.2f} GiB = {p:4.2f}x "
                f"(target {target}): {'met' if met else 'NOT met'}"
@@ -114,11 +121,9 @@ def bench_scale(sizes, form="torchscript", scratch=None):
 
 def targets(figures):
     """[(target, met)] of one size's figures: each command's ratios against TARGETS, and its exit status."""
-    base, found = figures["baseline"], []
-    for name, (most_time, most_peak) in TARGETS.items():
-        f = figures[name]
-        t, p = f["wall_s"] / base["wall_s"], f["peak_bytes"] / max(1, base["peak_bytes"])
-        met = t <= most_time and (most_peak is None or p <= most_peak) and f["status"] == 0
+    found = []
+    for name, _, t, p, met in _judged(figures):
+        most_time, most_peak = TARGETS[name]
         found.append((f"{figures['size_bytes'] / 2**30:.2f} GiB: {name} <= {most_time}x a plain session's time"
                       + (f", <= {most_peak}x its peak Pss" if most_peak else "")
                       + f" ({t:.2f}x" + (f", {p:.2f}x" if most_peak else "") + ")", met))

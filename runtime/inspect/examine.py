@@ -4,7 +4,8 @@ import os
 
 from runtime.inspect.findings import counting
 from runtime.inspect.findings.counting import SETTINGS
-from runtime.inspect.findings.relations import copy_key, relate, runtime_copies, vocabulary
+from runtime.inspect.findings.copies import copy_sizes, runtime_copies
+from runtime.inspect.findings.relations import copy_key, relate, vocabulary
 from runtime.inspect.graph.walk import find_tables_and_heads, lookup_ids
 from runtime.inspect.graph.weights import shared_weights
 from runtime.inspect.read import paths
@@ -128,19 +129,6 @@ class Examination:
                                         model.file_bytes)
             answer = optimized_version(self.first, model.path)
         return answer, {**measured, **self._measured(again + ["no_prepacking"])}
-
-
-def copy_sizes(model, entries):
-    """The element counts of the initializers of `entries` (tables, heads): an optimize job's "sizes", the sizes
-    of the copies onnxruntime's optimizer could make of them; None (write the data anyway) where one is not found."""
-    sizes = set()
-    for entry in entries:
-        name, graph = unscoped(entry["initializer"])
-        tensor = (model.bodies.get(graph, {}) if graph else model.tensors).get(name)
-        if tensor is None:
-            return None
-        sizes.add(tensor.elements)
-    return sorted(sizes)
 
 
 def optimized_version(optimizing, path):

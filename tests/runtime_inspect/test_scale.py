@@ -14,12 +14,12 @@ from graphs.arrays import release
 from graphs.storage import stage
 from runtime.bench import scale_model
 from runtime.inspect.examine import inspect_model
-from runtime.inspect.findings.relations import runtime_copies
+from runtime.inspect.findings.copies import runtime_copies
 from runtime.inspect.read.model import load
 from runtime.inspect.read.text import InspectError
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import isolated, proof
-from runtime.resident import prepacked_copies, resident
+from runtime.resident import made, owned_bytes, prepacked_copies, resident
 from runtime.runner import write_optimized_layout
 from tests.helpers import transposed_head
 
@@ -165,3 +165,20 @@ def test_a_model_too_large_to_run_here_is_reported_not_measured(tmp_path, monkey
     assert found["measure_error"].startswith("a session of this model needs about 0.5 GiB, 0.0 GiB is available")
     entry = found["vocabulary"][0]["in_memory"]
     assert entry["defaults"]["resident_bytes"] is None and entry["defaults"]["copies"] == 2  # counted, not measured
+
+
+def test_what_writing_a_layout_holds_is_the_inline_and_the_made_tensors(tmp_path):
+    path = str(tmp_path / "m.onnx")  # every weight external: writing the layout holds nothing more
+    scale_model.generate(path, 1, vocab=300, width=16, hidden=32)
+    layout = str(tmp_path / "layout.onnx")
+    write_optimized_layout(path, layout)
+    original = onnx.load(path, load_external_data=False)
+    assert owned_bytes(original, onnx.load(layout, load_external_data=False)) == 0
+    path = str(tmp_path / "t.onnx")  # inline, and the head's Transpose folded into a tensor onnxruntime made
+    graphs.save(transposed_head(), path)
+    layout = str(tmp_path / "t.layout.onnx")
+    write_optimized_layout(path, layout)
+    optimized = onnx.load(layout, load_external_data=False)
+    made_here = [t.name for t in optimized.graph.initializer if t.name != "embedding"]
+    assert [t.name for t in made(onnx.load(path), optimized)] == made_here and len(made_here) == 1
+    assert owned_bytes(onnx.load(path), optimized) == 2 * 16 * 4 * 4  # the table inline, and its transposed copy

@@ -1,8 +1,7 @@
-"""What is tied to what: table/head pairs, and the copies onnxruntime's optimized model adds."""
+"""What is tied to what: table/head pairs, and whether two tensors hold the same values."""
 import hashlib
 
 import numpy as np
-from onnx import TensorProto
 
 from graphs.arrays import release
 from runtime.inspect.findings import shares
@@ -10,7 +9,7 @@ from runtime.inspect.graph import quantized
 from runtime.inspect.read.model import FLOATS, label
 from runtime.resident import scoped
 
-_BYTES_AT_ONCE = 16 * 2**20  # bytes compared at a time, so a memory-mapped table is never read whole at once
+BYTES_AT_ONCE = 16 * 2**20  # bytes compared at a time, so a memory-mapped table is never read whole at once
 
 
 _TILE = 256  # columns of a transposed comparison's tile: both sides' reads stay within a few cache lines a row
@@ -21,12 +20,12 @@ def same_values(a, b, transposed=False):
     if a.data_type != b.data_type or a.dims != (b.dims[::-1] if transposed else b.dims):
         return False
     if not transposed:
-        return _same_bytes(a, b)
+        return same_bytes(a, b)
     x, y = a.values(), b.values()
     if x is None:  # packed sub-byte codes: a transposed copy cannot be told without unpacking; say no
         return False
     bits = f"u{x.itemsize}" if x.itemsize in (1, 2, 4, 8) else None  # compared as bits: a NaN equals itself
-    rows = max(1, _BYTES_AT_ONCE // max(1, x.itemsize * x.shape[1]))
+    rows = max(1, BYTES_AT_ONCE // max(1, x.itemsize * x.shape[1]))
     for i in range(0, x.shape[0], rows):  # a block of the table's rows against the same columns of the copy
         xs, ys = x[i:i + rows], y[:, i:i + rows]
         if bits is None:
@@ -108,12 +107,12 @@ class Digests:
             if not as_table:
                 return None
             h, raw = hashlib.blake2b(f"{tensor.data_type}".encode(), digest_size=16), tensor.raw()
-            for i in range(0, len(raw), _BYTES_AT_ONCE):
-                h.update(np.ascontiguousarray(raw[i:i + _BYTES_AT_ONCE]).data)
+            for i in range(0, len(raw), BYTES_AT_ONCE):
+                h.update(np.ascontiguousarray(raw[i:i + BYTES_AT_ONCE]).data)
             return h.digest()
         size = values.itemsize if values.itemsize in (1, 2, 4, 8) else 1
         words = np.ascontiguousarray(values).reshape(-1).view(f"u{size}")  # as stored: a view, not a copy
-        step, total, squares = max(1, _BYTES_AT_ONCE // 8), 0, 0
+        step, total, squares = max(1, BYTES_AT_ONCE // 8), 0, 0
         for i in range(0, len(words), step):
             chunk = words[i:i + step].astype(np.uint64)
             total += int(chunk.sum(dtype=np.uint64))
@@ -198,63 +197,7 @@ def _same_scales(model, a, b):
     return a is not None and b is not None and same_values(model.tensors[a], model.tensors[b])
 
 
-def runtime_copies(model, optimized, watched):
-    """Initializers the optimized model holds that `model` does not, in its main graph and in every subgraph (an
-    If branch's folded Transpose; `graph` names it there), each with the watched initializer whose values it holds,
-    if any: the same, transposed, or reshaped (the same bytes under other dims)."""
-    copies = []
-    scopes = [("main", optimized.tensors, model.tensors)] + [
-        (path, tensors, model.bodies.get(path, {})) for path, tensors in sorted(optimized.bodies.items())]
-    for path, tensors, before in scopes:
-        for name, tensor in tensors.items():
-            if name in before:
-                continue
-            entry = {"name": name, "bytes": tensor.nbytes, "shape": tensor.dims}
-            if path != "main":
-                entry["graph"] = path
-            for source_name in watched:
-                view = _copy_view(model.tensors[source_name], tensor)
-                if view:
-                    entry.update(copy_of=source_name, view=view, transposed=view.endswith("transposed"))
-                    break
-            copies.append(entry)
-    return copies
-
-
-def _copy_view(source, tensor):
-    """How `tensor` holds `source`'s values ("transposed", "same", "reshaped", "widened", "widened_transposed"),
-    or None."""
-    if same_values(source, tensor, transposed=True) and source.dims != tensor.dims:
-        return "transposed"
-    if source.data_type == tensor.data_type and _same_bytes(source, tensor):
-        return "same" if source.dims == tensor.dims else "reshaped"
-    if _widened(source, tensor, transposed=False):
-        return "widened"
-    if _widened(source, tensor, transposed=True):
-        return "widened_transposed"
-    return None
-
-
-def copy_key(copy):
-    """A runtime copy's key among the optimized model's initializers (runtime.resident.scoped)."""
-    return scoped(copy["name"], copy.get("graph"))
-
-
-def _widened(a, b, transposed):
-    """Whether `b` holds float16 / bfloat16 `a`'s values as float32 (the copy onnxruntime's CPU provider makes
-    when it runs a half-precision head through a float32 kernel: an inserted Cast, constant-folded), compared a
-    chunk of rows at a time."""
-    if a.data_type not in (TensorProto.FLOAT16, TensorProto.BFLOAT16) or b.data_type != TensorProto.FLOAT \
-            or len(a.dims) != 2 or a.dims != (b.dims[::-1] if transposed else b.dims):
-        return False
-    x, y = a.values(), b.values()
-    y = y.T if transposed else y
-    rows = max(1, _BYTES_AT_ONCE // max(1, 4 * x.shape[1]))
-    return all(np.array_equal(x[i:i + rows].astype(np.float32).view(np.uint32), np.ascontiguousarray(y[i:i + rows]).view(np.uint32))
-               for i in range(0, x.shape[0], rows))
-
-
-def _same_bytes(a, b):
+def same_bytes(a, b):
     """Whether two tensors hold the same stored bytes, compared a chunk at a time (none read when their sizes
     differ: an optimized model's hundreds of folded constants are each checked against every table)."""
     if a.nbytes != b.nbytes:
@@ -262,13 +205,18 @@ def _same_bytes(a, b):
     x, y = a.raw(), b.raw()
     if len(x) != len(y):
         return False
-    for i in range(0, len(x), _BYTES_AT_ONCE):
-        if not np.array_equal(x[i:i + _BYTES_AT_ONCE], y[i:i + _BYTES_AT_ONCE]):
+    for i in range(0, len(x), BYTES_AT_ONCE):
+        if not np.array_equal(x[i:i + BYTES_AT_ONCE], y[i:i + BYTES_AT_ONCE]):
             return False
         if isinstance(x, np.ndarray) and isinstance(y, np.ndarray):  # read once: not held
-            release(x[i:i + _BYTES_AT_ONCE])
-            release(y[i:i + _BYTES_AT_ONCE])
+            release(x[i:i + BYTES_AT_ONCE])
+            release(y[i:i + BYTES_AT_ONCE])
     return True
+
+
+def copy_key(copy):
+    """A runtime copy's key among the optimized model's initializers (runtime.resident.scoped)."""
+    return scoped(copy["name"], copy.get("graph"))
 
 
 SMALL_COPY = 4096  # runtime copies under this many bytes (folded shape constants) are summarised in one line

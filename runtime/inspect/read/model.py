@@ -256,7 +256,7 @@ def load(path, folder=None, data=None, root=None, layout_only=False):
     `root`: where the model file itself must really lie when it is opened (a folder's root: a link swapped in
     after the folder was checked is refused); default: anywhere. `data`: the file's bytes, already read
     (runtime.inspect.read.checked.source), parsed instead of reading it again. `layout_only`: a model whose
-    external data was never written (an optimized model written for its layout: runtime.runner.layout_of), its
+    external data was never written (an optimized model written for its layout: runtime.runner.write_optimized_layout), its
     tensors sized from their dims and never read.
     """
     if data is None:

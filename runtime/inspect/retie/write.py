@@ -1,12 +1,12 @@
 """--retie: make every duplicated head read its table in a form onnxruntime keeps as one, prove it, then write."""
-import math
 import os
 
 from onnx import TensorProto
 
 from graphs.storage import stage
 from runtime.inspect.findings import counting
-from runtime.inspect.findings.relations import copy_key, runtime_copies
+from runtime.inspect.findings.copies import copy_sizes, runtime_copies
+from runtime.inspect.findings.relations import copy_key
 from runtime.inspect.read import sidecars
 from runtime.inspect.read.model import load
 from runtime.inspect.read.text import InspectError
@@ -43,8 +43,7 @@ def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_
     figures of the proof's session of it under the defaults where `measure` and they stand, else None)."""
     optimized = os.path.join(folder, "retied.optimized.onnx")
     finals = sorted({final for *_, final in rewritten})
-    stored = {t.name: math.prod(t.dims) for t in model.proto.graph.initializer if t.name in finals}
-    sizes = sorted(set(stored.values())) if len(stored) == len(finals) else None  # else: its data written too
+    sizes = copy_sizes(model, [{"initializer": final} for final in finals])  # None: its data written too
     job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged,
            "rewritten": rewritten, "rows": found["rows"], "folder": folder, "shape": found["shape"],
            "upstream": list(upstream), "in_place": bool(in_place), "layout": optimized, "sizes": sizes,

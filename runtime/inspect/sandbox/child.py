@@ -30,16 +30,32 @@ def _optimize(job):
     when the optimizer made a tensor of one of those sizes, whose values must then be compared."""
     import onnxruntime
 
-    from runtime.runner import made_of_sizes, write_optimized_layout, write_optimized_model
+    from runtime.runner import write_optimized_layout, write_optimized_model
     model, folder = _model(job)
     answer = {"onnxruntime": onnxruntime.__version__, "data": True}  # whose folding and prepacking is described
     if job.get("sizes") is not None:
         write_optimized_layout(model, job["out"], data_folder=folder)
-        if not made_of_sizes(model, job["out"], set(job["sizes"]), folder):
+        if not _copies_to_compare(_proto(model, folder), _proto(job["out"]), job["sizes"]):
             return {**answer, "data": False}
         os.remove(job["out"])
     write_optimized_model(model, job["out"], prepacked=True, data_folder=folder)  # the defaults' prepacks recorded
     return answer
+
+
+def _proto(model, folder=None):
+    """The ModelProto of `model`: serialized bytes when `folder` (where its data lies) is given, else a path; its
+    tensor data not loaded."""
+    import onnx
+    return onnx.load_model_from_string(model) if folder else onnx.load(model, load_external_data=False)
+
+
+def _copies_to_compare(original, layout, sizes):
+    """Whether the optimized model `layout` holds a tensor onnxruntime made (resident.made) of one of `sizes`
+    elements (None: any): a possible copy of a table, whose values the layout alone does not show."""
+    import math
+
+    from runtime.resident import made
+    return sizes is None or any(math.prod(t.dims) in set(sizes) for t in made(original, layout))
 
 
 def _measure(job):
@@ -47,35 +63,30 @@ def _measure(job):
     the session also writes its optimized model's layout there (one load for both), and the answer says what the
     optimize job's would ("onnxruntime", "data") and how many bytes writing it held ("owned_bytes": the figures
     stand only where that is small)."""
-    import onnx
     import onnxruntime
 
     from runtime.inspect.sandbox.feeds import shaped_feeds
     from runtime.resident import owned_bytes, session_growth
-    from runtime.runner import made_of_sizes
     model, folder = _model(job)
-    proto = onnx.load_model_from_string(model) if folder else onnx.load(model, load_external_data=False)
+    proto = _proto(model, folder)
     feeds = shaped_feeds(proto, job["rows"], job["shape"], job["shape"]["lengths"][0])
     if not job.get("layout"):
         del proto
         return session_growth(model, feeds, job["prepacking"], data_folder=folder)
     figures = session_growth(model, feeds, job["prepacking"], data_folder=folder, layout=job["layout"])
-    sizes = job.get("sizes")
-    return {**figures, "onnxruntime": onnxruntime.__version__,
-            "owned_bytes": owned_bytes(proto, onnx.load(job["layout"], load_external_data=False)),
-            "data": sizes is None or made_of_sizes(model, job["layout"], set(sizes), folder)}
+    layout = _proto(job["layout"])
+    return {**figures, "onnxruntime": onnxruntime.__version__, "owned_bytes": owned_bytes(proto, layout),
+            "data": _copies_to_compare(proto, layout, job.get("sizes"))}
 
 
 def _measure_together(job):
     """What sessions on every file of a folder add when one process holds them all (Pss), after one run each."""
-    import onnx
-
     from runtime.inspect.sandbox.feeds import shaped_feeds
     from runtime.resident import sessions_growth
     models = []
     for part in job["files"]:
         model, folder = _model(part)
-        proto = onnx.load_model_from_string(model) if folder else onnx.load(model, load_external_data=False)
+        proto = _proto(model, folder)
         models.append((model, folder, shaped_feeds(proto, part["rows"], part["shape"], part["shape"]["lengths"][0])))
         del proto
     return sessions_growth(models, job["prepacking"])
@@ -85,20 +96,17 @@ def _prove(job):
     """The proof's failures and, where the retied model's session wrote its optimized model's layout, whether that
     layout holds a tensor of job["sizes"] elements it did not (its data must then be written to be compared), the
     session's figures where job["measure"], and the bytes writing the layout held (resident.owned_bytes)."""
-    import onnx
-
     from runtime.inspect.sandbox.proof import OriginalFails, prove
     from runtime.resident import owned_bytes
-    from runtime.runner import made_of_sizes
     try:
         failures, figures = prove(job)
     except OriginalFails as e:
         return {"failures": [], "original": str(e)}
     if not job.get("layout"):
         return {"failures": failures}
-    sizes, layout = job.get("sizes"), onnx.load(job["layout"], load_external_data=False)
-    return {"failures": failures, "data": sizes is None or made_of_sizes(job["after"], job["layout"], set(sizes)),
-            "measured": figures, "owned_bytes": owned_bytes(onnx.load(job["after"], load_external_data=False), layout)}
+    retied, layout = _proto(job["after"]), _proto(job["layout"])
+    return {"failures": failures, "data": _copies_to_compare(retied, layout, job.get("sizes")),
+            "measured": figures, "owned_bytes": owned_bytes(retied, layout)}
 
 
 _JOBS = {"optimize": _optimize, "measure": _measure, "measure_together": _measure_together, "prove": _prove}

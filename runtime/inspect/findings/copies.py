@@ -1,0 +1,72 @@
+"""The copies onnxruntime's optimizer makes of tables and heads: the initializers its optimized model adds, each
+with the table or head whose values it holds (the same, transposed, reshaped or widened), and the element counts
+such a copy would have (which decide whether an optimized model's data must be written to be compared)."""
+import numpy as np
+from onnx import TensorProto
+
+from runtime.inspect.findings.relations import BYTES_AT_ONCE, same_bytes, same_values
+from runtime.resident import unscoped
+
+
+def runtime_copies(model, optimized, watched):
+    """Initializers the optimized model holds that `model` does not, in its main graph and in every subgraph (an
+    If branch's folded Transpose; `graph` names it there), each with the watched initializer whose values it holds,
+    if any: the same, transposed, or reshaped (the same bytes under other dims)."""
+    copies = []
+    scopes = [("main", optimized.tensors, model.tensors)] + [
+        (path, tensors, model.bodies.get(path, {})) for path, tensors in sorted(optimized.bodies.items())]
+    for path, tensors, before in scopes:
+        for name, tensor in tensors.items():
+            if name in before:
+                continue
+            entry = {"name": name, "bytes": tensor.nbytes, "shape": tensor.dims}
+            if path != "main":
+                entry["graph"] = path
+            for source_name in watched:
+                view = _copy_view(model.tensors[source_name], tensor)
+                if view:
+                    entry.update(copy_of=source_name, view=view, transposed=view.endswith("transposed"))
+                    break
+            copies.append(entry)
+    return copies
+
+
+def _copy_view(source, tensor):
+    """How `tensor` holds `source`'s values ("transposed", "same", "reshaped", "widened", "widened_transposed"),
+    or None."""
+    if same_values(source, tensor, transposed=True) and source.dims != tensor.dims:
+        return "transposed"
+    if source.data_type == tensor.data_type and same_bytes(source, tensor):
+        return "same" if source.dims == tensor.dims else "reshaped"
+    if _widened(source, tensor, transposed=False):
+        return "widened"
+    if _widened(source, tensor, transposed=True):
+        return "widened_transposed"
+    return None
+
+
+def copy_sizes(model, entries):
+    """The element counts of the initializers of `entries` (tables, heads): an optimize job's "sizes", the sizes
+    of the copies onnxruntime's optimizer could make of them; None (write the data anyway) where one is not found."""
+    sizes = set()
+    for entry in entries:
+        name, graph = unscoped(entry["initializer"])
+        tensor = (model.bodies.get(graph, {}) if graph else model.tensors).get(name)
+        if tensor is None:
+            return None
+        sizes.add(tensor.elements)
+    return sorted(sizes)
+
+
+def _widened(a, b, transposed):
+    """Whether `b` holds float16 / bfloat16 `a`'s values as float32 (the copy onnxruntime's CPU provider makes
+    when it runs a half-precision head through a float32 kernel: an inserted Cast, constant-folded), compared a
+    chunk of rows at a time."""
+    if a.data_type not in (TensorProto.FLOAT16, TensorProto.BFLOAT16) or b.data_type != TensorProto.FLOAT \
+            or len(a.dims) != 2 or a.dims != (b.dims[::-1] if transposed else b.dims):
+        return False
+    x, y = a.values(), b.values()
+    y = y.T if transposed else y
+    rows = max(1, BYTES_AT_ONCE // max(1, 4 * x.shape[1]))
+    return all(np.array_equal(x[i:i + rows].astype(np.float32).view(np.uint32), np.ascontiguousarray(y[i:i + rows]).view(np.uint32))
+               for i in range(0, x.shape[0], rows))
