@@ -152,3 +152,17 @@ def save_raw(model, path):
 def folded(data):
     """The runtime copies onnxruntime's optimized model holds (not the ones kernels prepack at load)."""
     return [c for c in data["runtime_copies"] if c.get("view") != "prepacked"]
+
+
+def unwrapped(text):
+    """The report's logical lines: each continuation (indented four more than the line it continues, as
+    runtime.inspect.answer.wrap writes it) joined back to its line with one space."""
+    lines, indents = [], []
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip(" "))
+        if lines and line.strip() and indent >= indents[-1] + 4:
+            lines[-1] += " " + line.strip()
+            continue
+        lines.append(line)
+        indents.append(indent)
+    return lines

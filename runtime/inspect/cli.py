@@ -10,7 +10,8 @@ import graphs
 from embed import Terminated, UsageError, raise_on_sigterm, run_cli
 from runtime.inspect.examine import inspect_model
 from runtime.inspect.examine_folder import inspect_folder
-from runtime.inspect.findings.across import check_failures, check_lines, folder_check_failures
+from runtime.inspect import answer
+from runtime.inspect.findings.verdict import file_verdict, folder_verdict
 from runtime.inspect.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report
 from runtime.inspect.retie.folder import retie_folder
@@ -32,13 +33,6 @@ class _Held:
     def release(self):
         self.stream.write("".join(self.lines))
         self.lines = []
-
-
-class _Clean:
-    """A stream whose write() makes each line printable."""
-
-    def __init__(self, stream):
-        self.write = _writer(stream)
 
 
 def _check_out_folder(out, model):
@@ -76,12 +70,12 @@ def _check_out(out, model):
 
 
 def _writer(stream, progress=None):
-    """stream.write with every line made printable (names in the model are untrusted text), the progress line
-    cleared first."""
+    """stream.write with every line made printable (names in the model are untrusted text) and wrapped at
+    answer.WIDTH, the progress line cleared first."""
     def write(text):
         if progress is not None:
             progress.done()
-        stream.write(printable(text))
+        stream.write(answer.line(text))
     return write
 
 
@@ -96,14 +90,15 @@ def _streams():
             pass
 
 
-def _checked(args, failures):
-    """The exit status of a run without --retie: with --check, 1 where `failures` (check_failures' lines) is not
-    empty, its lines at the end of the report (stdout; stderr under --json, whose stdout is the JSON alone)."""
+def _checked(args, verdict):
+    """The exit status of a run without --retie: with --check, 1 where the verdict holds a failing kind, its lines
+    at the end of the report (stdout; stderr under --json, whose stdout is the JSON alone)."""
     if not args.check:
         return 0
-    for line in check_lines(failures):
-        print(printable(line), file=sys.stderr if args.json else sys.stdout)
-    return 1 if failures else 0
+    lines = answer.check_lines(verdict)
+    for text in lines:
+        print(answer.line(text), file=sys.stderr if args.json else sys.stdout)
+    return 0 if lines[-1].startswith("--check: passed") else 1
 
 
 def _check_args(args, prog):
@@ -165,20 +160,20 @@ def _work(args, prog, folder):
             if args.json:
                 sys.stdout.write(json.dumps(folder_json(result), indent=2) + "\n")
             else:
-                folder_report(result, _Clean(sys.stdout))
+                folder_report(result, sys.stdout, args.verbose)
             if args.retie is not None:
                 status = retie_folder(result, args.retie, folder, limits, _writer(said, progress))
                 return _released(said, status)
-            return _checked(args, folder_check_failures(result))
+            return _checked(args, folder_verdict(result))
         info = inspect_model(args.model, folder, limits, args.proof_past, args.static)
         progress.done()
         say = _writer(said, progress)
         if args.json:  # json.dumps escapes every control and non-ASCII character itself
             sys.stdout.write(json.dumps(as_json(info, args.model), indent=2) + "\n")
         else:
-            report(info, args.model, _Clean(sys.stdout))
+            report(info, args.model, sys.stdout, args.verbose)
         if args.retie is None:
-            return _checked(args, check_failures(info))
+            return _checked(args, file_verdict(info, args.model))
         try:
             return _released(said, retie(info["model"], info, args.retie, folder, limits, say))
         finally:

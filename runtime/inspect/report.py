@@ -1,71 +1,104 @@
 """The text report and the --json document of runtime.inspect, from inspect_model's findings (and a folder's,
-from folder.inspect_folder's)."""
+from folder.inspect_folder's): the verdict first (answer), then a short body; the detail under --verbose."""
 import os
 
+from runtime.inspect import answer
+from runtime.inspect.answer import human
 from runtime.inspect.findings import counting
 from runtime.inspect.findings.relations import SMALL_COPY
+from runtime.inspect.findings.verdict import file_verdict, folder_verdict
 
 _DISTINCT_LISTED = 16  # more distinct pairs than this are counted in the text report, not listed
 
 
-def report(info, path, out):
-    """The text report of `info` (examine.inspect_model) for the model at `path`, written to `out`."""
-    w = out.write
-    how = (f"as onnxruntime {info['onnxruntime']} loads and runs it" if info["onnxruntime"] else
-           "from the files alone (--static: onnxruntime not run)")
-    w(f"{path}: {len(info['initializers'])} initializers, {info['file_bytes']} bytes on disk; {how}\n")
-    if info["vocabulary"]:
+def report(info, path, out, verbose=False, in_folder=False):
+    """The text report of `info` (examine.inspect_model) for the model at `path`, written to `out`: its verdict
+    first, unless it is one file of a folder (`in_folder`: the folder's verdict opens the report, and what its
+    sessions hold is measured together)."""
+    w = lambda text: out.write(answer.line(text) + "\n")
+    if not in_folder:
+        for line in answer.lines(file_verdict(info), {v["table"]: v for v in info["vocabulary"]}, {}, "a session",
+                                 info["onnxruntime"] is None):
+            w(line)
+        w("")
+    how = f"onnxruntime {info['onnxruntime']}" if info["onnxruntime"] else "--static: onnxruntime not run"
+    w(f"{path}: {len(info['initializers'])} initializers, {human(info['file_bytes'])} on disk ({how})")
+    if info["vocabulary"] and verbose:
         v = info["vocabulary"][0]
-        w(f"parameters: {v['parameters_counted']}, as Hugging Face counts them: {v['parameters_what']}\n")
+        w(f"parameters: {v['parameters_counted']}, as Hugging Face counts them: {v['parameters_what']}")
     for v in info["vocabulary"]:
         tie = _tie(v)
         w(f"vocabulary: {'position table' if v['kind'] == 'position' else 'table'} {v['table']} {v['vocab_size']} x "
-          f"{v['width']} {v['format']}, {v['bytes']} bytes, {tie}; {v['parameter_share']:.1%} of the parameters, "
-          f"{v['byte_share']:.1%} of the bytes\n")
+          f"{v['width']} {v['format']}, {human(v['bytes'])}, {tie}; {v['parameter_share']:.1%} of the parameters, "
+          f"{v['byte_share']:.1%} of the bytes")
         for line in _details(v):
-            w(f"  {line}\n")
-        w(f"  in memory: {_held(v['in_memory'], info.get('measure_error'))}\n")
+            w(f"  {line}")
+        if in_folder and v["in_memory"]["defaults"]["copies"] is not None:
+            w(f"  in memory: {counting.copies(v['in_memory']['defaults']['copies'])} under onnxruntime's defaults "
+              "(resident bytes measured for the folder's files together, below)")
+        else:
+            w(f"  in memory: {_held(v['in_memory'], info.get('measure_error'), verbose)}")
     if not info["vocabulary"]:
-        w("vocabulary: no table (no Gather, GatherBlockQuantized or OneHot + MatMul reads rows from an initializer)\n")
-    names = max([32] + [len(i["name"]) for i in info["initializers"]])
-    shapes = max([16] + [len(str(i["shape"])) for i in info["initializers"]])
-    w(f"  {'name':<{names}} {'dtype':<8} {'shape':<{shapes}} {'elements':>12} {'bytes':>12}\n")
-    for i in info["initializers"]:
-        w(f"  {i['name']:<{names}} {i['dtype']:<8} {str(i['shape']):<{shapes}} {i['elements']:>12} {i['bytes']:>12}\n")
+        w("vocabulary: no table (no Gather, GatherBlockQuantized or OneHot + MatMul reads rows from an initializer)")
+    if verbose:
+        _initializers(info, w)
     tables = [f"{t['initializer']} ({t['node'].op_type}{_views(t)})" for t in info["tables"]]
-    w("tables (read by Gather/GatherBlockQuantized/OneHot+MatMul): " + (", ".join(tables) or "none") + "\n")
-    shapes = {(t["vocab"], t["width"]) for t in info["tables"]}
-    logits = [f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in info["heads"]
-              if (h["vocab"], h["width"]) in shapes]
-    others = [h for h in info["heads"] if (h["vocab"], h["width"]) not in shapes]
+    w("tables (read by Gather/GatherBlockQuantized/OneHot+MatMul): " + (", ".join(tables) or "none"))
+    logits = [f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in info["heads"] if h.get("scores")]
+    others = [h for h in info["heads"] if not h.get("scores")]
     ops = sorted({h["node"].op_type for h in others})
-    w("logits heads (a matmul weight of a table's shape): " + (", ".join(logits) or "none") +
-      (f"; other matmul weights: {len(others)} ({', '.join(ops)})" if others else "") + "\n")
-    distinct = [p for p in info["pairs"] if p["relation"] == "distinct"]
-    related = [p for p in info["pairs"] if p["relation"] != "distinct"]
-    listed = [p for p in info["pairs"] if p["relation"] != "distinct" or len(distinct) <= _DISTINCT_LISTED]
-    if len(related) > _DISTINCT_LISTED:  # many equal tables: a line per set of them, not one per pair
-        listed = [p for p in listed if p["relation"] == "distinct"]
-        for line in _many_related(related):
-            w(line + "\n")
-    for p in listed:
-        unit = "their mean scale" if p["both_quantized"] else "the quantized one's scale"
-        gap = (f" (largest difference {p['max_error_in_scales']:.3g} of {unit})"
-               if p["relation"] == "quantized_copy" else "")
-        table, head = (name + (f" (in {g})" if g != "main" else "") for name, g in
-                       ((p["table"], p["table_graph"]), (p["head"], p["head_graph"])))
-        w(f"pair {table} / {head}: {p['relation']}{gap}, {p['wasted_bytes']} bytes wasted in the file\n")
-    if len(distinct) > _DISTINCT_LISTED:
-        w(f"{len(distinct)} table/head pairs of matching shape are distinct (each listed under --json)\n")
-    if not info["pairs"]:
-        w("no table/head pair of matching shape\n")
-    _runtime_copies(info, w)
+    w("logits heads (matmul weights whose products are graph outputs): " + (", ".join(logits) or "none") +
+      (f"; {len(others)} other matmul weight{'s' if len(others) != 1 else ''} ({', '.join(ops)})" if others else ""))
+    _pairs(info, w, verbose)
+    _runtime_copies(info, w, verbose)
     shared = info["branch_weights"]
     if shared:
         graphs = sorted({g for b in shared for g in b["graphs"]})
-        w(f"weights {len(graphs)} graphs share: {len(shared)} matmul weights, {sum(b['bytes'] for b in shared)} bytes, "
+        w(f"weights {len(graphs)} graphs share: {len(shared)} matmul weights, {human(sum(b['bytes'] for b in shared))}, "
           f"read in {', '.join(graphs)}; under onnxruntime's defaults each graph's kernels prepack their own copy "
-          "(held once per graph; a --retie that rewrites this file reads them in place where its proof holds)\n")
+          "(held once per graph; a --retie that rewrites this file reads them in place where its proof holds)")
+    if not in_folder:
+        w(answer.FOOTER)
+
+
+def _initializers(info, w):
+    """The initializer table (--verbose): name, type, shape, elements and exact bytes of each."""
+    names = max([32] + [len(i["name"]) for i in info["initializers"]])
+    shapes = max([16] + [len(str(i["shape"])) for i in info["initializers"]])
+    w(f"  {'name':<{names}} {'dtype':<8} {'shape':<{shapes}} {'elements':>12} {'bytes':>12}")
+    for i in info["initializers"]:
+        w(f"  {i['name']:<{names}} {i['dtype']:<8} {str(i['shape']):<{shapes}} {i['elements']:>12} {i['bytes']:>12}")
+
+
+def _pairs(info, w, verbose):
+    """One line per table/head pair that holds one table's values twice, a stored head read by several branches
+    once; the distinct pairs counted (listed under --verbose)."""
+    distinct = [p for p in info["pairs"] if p["relation"] == "distinct"]
+    related = [p for p in info["pairs"] if p["relation"] != "distinct"]
+    listed = [p for p in related if verbose or p["table"] != p["head"]]  # one tensor: the vocabulary line says so
+    listed += distinct if verbose and len(distinct) <= _DISTINCT_LISTED else []
+    if len(related) > _DISTINCT_LISTED:  # many equal tables: a line per set of them, not one per pair
+        listed = [p for p in listed if p["relation"] == "distinct"]
+        for line in _many_related(related):
+            w(line)
+    readers = {}
+    for p in listed:
+        readers.setdefault((p["table"], p["table_graph"], p["head"], p["relation"]), []).append(p)
+    for (_, _, _, relation), found in readers.items():
+        p = found[0]
+        unit = "their mean scale" if p["both_quantized"] else "the quantized one's scale"
+        gap = (f" (largest difference {p['max_error_in_scales']:.3g} of {unit})"
+               if relation == "quantized_copy" else "")
+        table = p["table"] + (f" (in {p['table_graph']})" if p["table_graph"] != "main" else "")
+        graphs = [q["head_graph"] for q in found if q["head_graph"] != "main"]
+        head = p["head"] + (f" (read in {', '.join(graphs)})" if graphs else "")
+        wasted = f", {human(p['wasted_bytes'])} wasted in the file" if relation != "distinct" else ""
+        w(f"pair {table} / {head}: {relation}{gap}{wasted}")
+    if distinct and not (verbose and len(distinct) <= _DISTINCT_LISTED):
+        w(f"{len(distinct)} table/head pair{'s' if len(distinct) != 1 else ''} of matching shape distinct "
+          f"({'each listed under --json' if verbose else 'listed under --verbose'})")
+    if not info["pairs"]:
+        w("no table/head pair of matching shape")
 
 
 def _many_related(related):
@@ -85,14 +118,14 @@ def _many_related(related):
         yield (f"{len(tables)} table(s) ({table}{', ...' if len(tables) > 1 else ''}) and {len(names)} head(s) "
                f"({head}{', ...' if len(names) > 1 else ''}) hold the same values:")
         yield (f"  {len(found)} pairs, " + ", ".join(f"{n} {k}" for k, n in kinds.items())
-               + f"; {sum(heads[tables[0]][h]['wasted_bytes'] for h in names)} bytes wasted in the file")
+               + f"; {human(sum(heads[tables[0]][h]['wasted_bytes'] for h in names))} wasted in the file")
 
 
-def _runtime_copies(info, w):
-    """The lines on what onnxruntime adds: each runtime copy of a table (folded or prepacked), the small ones
-    counted."""
+def _runtime_copies(info, w, verbose):
+    """The lines on what onnxruntime adds: each runtime copy of a table (folded or prepacked); the small ones
+    counted under --verbose."""
     if info["runtime_copies"] is None:
-        w("runtime copies: not looked for (--static)\n")
+        w("runtime copies: not looked for (--static)")
         return
     small = [c for c in info["runtime_copies"] if c["bytes"] < SMALL_COPY and "copy_of" not in c]
     for c in info["runtime_copies"]:
@@ -101,18 +134,18 @@ def _runtime_copies(info, w):
         if c.get("view") == "prepacked":
             where = f" in {c['graph']}" if "graph" in c else ""
             by = f"{c['kernel']} node {c['node']!r}" if c["node"] else f"a {c['kernel']} node"
-            w(f"prepacked copy of {c['copy_of']}{where}: {c['bytes']} bytes made at load by {by} under "
-              "onnxruntime's defaults (no initializer of the optimized model shows it)\n")
+            w(f"prepacked copy of {c['copy_of']}{where}: {human(c['bytes'])}, made at load by {by} (its own layout "
+              "of the weight)")
             continue
         what = f" = {c['copy_of']}{'' if c['view'] == 'same' else ' ' + c['view']}" if "copy_of" in c else ""
         where = f" in {c['graph']}" if "graph" in c else ""
-        w(f"runtime copy {c['name']}{where} {c['shape']}: {c['bytes']} bytes added by onnxruntime's optimizations"
-          f"{what}\n")
-    if small:
+        w(f"runtime copy {c['name']}{where} {c['shape']}: {human(c['bytes'])} added by onnxruntime's optimizations"
+          f"{what}")
+    if small and verbose:
         w(f"runtime copies under {SMALL_COPY} bytes: {len(small)} (folded constants), "
-          f"{sum(c['bytes'] for c in small)} bytes in all\n")
+          f"{sum(c['bytes'] for c in small)} bytes in all")
     if not info["runtime_copies"]:
-        w("runtime copies: none (onnxruntime's optimized model adds no initializer)\n")
+        w("runtime copies: none (onnxruntime's optimized model adds no initializer)")
 
 
 def _details(v):
@@ -142,25 +175,28 @@ def _tie(v):
         return f"not one tensor: head {v['head']} holds a {v['tie_relation'].replace('_', ' ')} of it"
     held = v["tables_in_memory"]
     if held is not None and held > 1:
-        return f"one tensor with head {v['head']} on disk, held {held} times in memory"
+        return f"one tensor with head {v['head']} on disk, held {answer.times(held)} by a session"
     return f"tied to head {v['head']}"
 
 
-def _held(entry, error, measured="MiB resident after a run"):
-    """One line: what a session holds under the defaults, and what turning prepacking off changes."""
+def _held(entry, error, verbose, measured="resident after a run:"):
+    """One line: the copies a session holds under the defaults and what one run adds; with `verbose`, its anonymous
+    and file-backed parts and the same with prepacking off."""
     def figures(held):
         if held["resident_bytes"] is None:
-            return "not measured"
-        ratio = ("the table too small for a ratio" if held["times_table"] is None else
+            return f"not measured: {error}" if error else "not measured"
+        ratio = ("too small a table for a ratio" if held["times_table"] is None else
                  f"{held['times_table']:.2f}x the table beyond the other weights")
-        return (f"{held['resident_bytes'] / 2**20:+.1f} {measured}, {held['anonymous_bytes'] / 2**20:.1f} "
-                f"anonymous and {held['file_bytes'] / 2**20:.1f} file-backed: {ratio}")
+        parts = (f", {held['anonymous_bytes'] / 2**20:.1f} anonymous and {held['file_bytes'] / 2**20:.1f} "
+                 "file-backed" if verbose else "")
+        return f"{measured} {held['resident_bytes'] / 2**20:+.1f} MiB{parts}: {ratio}"
     defaults, off = entry["defaults"], entry["no_prepacking"]
     if defaults["copies"] is None:
         return "not counted (--static: onnxruntime not run)"
-    line = (f"{counting.copies(defaults['copies'])} under onnxruntime's default SessionOptions ({figures(defaults)}); "
-            f"{counting.copies(off['copies'])} with {counting.NO_PREPACKING} ({figures(off)})")
-    return line + (f"; not run: {error}" if error else "")
+    line = f"{counting.copies(defaults['copies'])} under onnxruntime's defaults ({figures(defaults)})"
+    if verbose:
+        return line + f"; {counting.copies(off['copies'])} with {counting.NO_PREPACKING} ({figures(off)})"
+    return line + (f"; {off['copies']} with {counting.NO_PREPACKING}" if off["copies"] != defaults["copies"] else "")
 
 
 def _views(entry):
@@ -168,9 +204,11 @@ def _views(entry):
     return (f", through {', '.join(entry['views'])}" if entry["views"] else "") + where
 
 
-def as_json(info, path=None):
-    """What --json prints of `info` (for the model at `path`: its `model` key)."""
-    return {**({"model": path} if path is not None else {}), "onnxruntime": info["onnxruntime"],
+def as_json(info, path=None, verdict=True):
+    """What --json prints of `info` (for the model at `path`: its `model` key); `verdict` False for a folder's file
+    (the folder's verdict is its own)."""
+    return {**({"model": path} if path is not None else {}),
+            **({"verdict": file_verdict(info, path)} if verdict else {}), "onnxruntime": info["onnxruntime"],
             "file_bytes": info["file_bytes"], "initializers": info["initializers"], "vocabulary": info["vocabulary"],
             "pairs": [{k: p[k] for k in ("table", "head", "relation", "wasted_bytes", "max_error_in_scales",
                                          "table_graph", "head_graph")}
@@ -178,47 +216,60 @@ def as_json(info, path=None):
             "runtime_copies": info["runtime_copies"], "branch_weights": info["branch_weights"]}
 
 
-_TIE_FINDINGS = {
-    "wrong_tie": "WRONG TIE: config.json says tie_word_embeddings false, but the head scores with the input table {t}",
-    "lost_tie": "LOST TIE: config.json says tie_word_embeddings true, but the head of {t}'s shape holds other values",
-}
+def _stored_in(group):
+    """The files that store a table (across the files' vocabulary entry), each once, in order."""
+    return list(dict.fromkeys(s["file"] for s in group["stored"]))
 
 
-def folder_report(result, out):
-    """The text report of a folder (folder.inspect_folder): each file's, then what the files hold together."""
-    w = out.write
-    files = [it["file"] for it in result["items"]]
-    w(f"{result['folder']}: {len(files)} file(s) a client loads together ({result['rule']}): {', '.join(files)}\n")
-    for it in result["items"]:
-        w("\n")
-        w(f"== {it['file']}\n")
-        report(it["info"], os.path.join(result["folder"], it["file"]), out)
+def folder_report(result, out, verbose=False):
+    """The text report of a folder (folder.inspect_folder): its verdict, a line per file (each file's report under
+    `verbose`), then each table across the files."""
+    w = lambda text: out.write(answer.line(text) + "\n")
     across = result["across"]
-    w("\n")
-    w("across the files:\n")
+    groups = {v["table"]: v for v in across["vocabulary"]}
+    for line in answer.lines(folder_verdict(result), groups, {t: _stored_in(v) for t, v in groups.items()},
+                             "the client's process", result["onnxruntime"] is None):
+        w(line)
+    w("")
+    files = [it["file"] for it in result["items"]]
+    w(f"{result['folder']}: {len(files)} file(s) a client loads together ({result['rule']})")
+    for it in result["items"]:
+        info = it["info"]
+        if verbose:
+            w("")
+            w(f"== {it['file']}")
+            report(info, os.path.join(result["folder"], it["file"]), out, verbose=True, in_folder=True)
+            continue
+        tables = ", ".join(t["initializer"] for t in info["tables"]) or "none"
+        heads = ", ".join(dict.fromkeys(h["initializer"] for h in info["heads"] if h.get("scores"))) or "none"
+        w(f"  {it['file']}: {human(info['file_bytes'])}; tables {tables}; heads {heads}")
+    w("")
+    w("across the files:")
     for v in across["vocabulary"]:
         if v["kind"] == "position" and v["copies_on_disk"] == 1:
-            continue  # held once, in one file: each file's report has said all there is (--json lists it)
-        for finding in [v["tie_finding"]] if v["tie_finding"] else []:
-            w(_TIE_FINDINGS[finding].format(t=v["table"]) + "\n")
+            continue  # held once, in one file (--json lists it)
         kind = "position table" if v["kind"] == "position" else "table"
-        w(f"{kind} {v['table']} ({v['file']}) {v['vocab_size']} x {v['width']} {v['format']}, {v['bytes']} bytes: "
-          f"stored {v['copies_on_disk']} time(s) in {len({s['file'] for s in v['stored']})} file(s), "
-          f"{v['wasted_bytes']} bytes wasted on disk\n")
-        for s in v["stored"]:
-            w(f"  stored: {s['file']} {s['name']}, {s['bytes']} bytes\n")
-        roles = ", ".join(f"{r['file']} {r['node']} ({r['role']}{'' if r['graph'] == 'main' else ' in ' + r['graph']})"
-                          for r in v["readers"])
-        w(f"  read by: {roles}\n")
-        w(f"  in one process holding every session: {_held(v['in_memory'], result['measure_error'], 'MiB Pss after a run of each')}\n")
+        w(f"{kind} {v['table']} ({v['file']}) {v['vocab_size']} x {v['width']} {v['format']}, {human(v['bytes'])}: "
+          f"stored {answer.times(v['copies_on_disk'])} in {len(_stored_in(v))} file(s), {human(v['wasted_bytes'])} "
+          "wasted on disk")
+        if verbose:
+            for s in v["stored"]:
+                w(f"  stored: {s['file']} {s['name']}, {human(s['bytes'])}")
+            roles = ", ".join(f"{r['file']} {r['node']} ({r['role']}{'' if r['graph'] == 'main' else ' in ' + r['graph']})"
+                              for r in v["readers"])
+            w(f"  read by: {roles}")
+        w(f"  in one process holding every session: "
+          f"{_held(v['in_memory'], result['measure_error'], verbose, 'resident (Pss) after a run of each:')}")
         if v["config_tie"] is not None:
             w(f"  config: tie_word_embeddings {str(v['config_tie']).lower()}; the graph "
               f"{'scores with this table' if v['tied'] else 'has no head reading these values'}"
-              f"{'' if v['tie_finding'] else ': as the config says'}\n")
-    for line in _same_across(across["pairs"]):
-        w(line + "\n")
+              f"{'' if v['tie_finding'] else ': as the config says'}")
+    if verbose:
+        for line in _same_across(across["pairs"]):
+            w(line)
     if not across["pairs"]:
-        w("no table held in more than one file\n")
+        w("no table held in more than one file")
+    w(answer.FOOTER)
 
 
 _WIDTH = 99  # the most characters a line of the report's own grouping takes
@@ -234,15 +285,15 @@ def _same_across(pairs):
     for a, found in copies.values():
         if len(found) == 1:
             p = found[0]
-            yield f"pair {side(a)} / {side(p['b'])}: {p['relation']}, {p['wasted_bytes']} bytes wasted on disk"
+            yield f"pair {side(a)} / {side(p['b'])}: {p['relation']}, {human(p['wasted_bytes'])} wasted on disk"
             continue
         files = list(dict.fromkeys([a["file"]] + [p["b"]["file"] for p in found]))
         kinds = {}
         for p in found:
             kinds[p["relation"]] = kinds.get(p["relation"], 0) + 1
         yield f"{len(files)} files hold the same table as {side(a)}"
-        line = (f"  {', '.join(f'{n} {k}' for k, n in kinds.items())}; {sum(p['wasted_bytes'] for p in found)} "
-                f"bytes wasted on disk; in")
+        line = (f"  {', '.join(f'{n} {k}' for k, n in kinds.items())}; {human(sum(p['wasted_bytes'] for p in found))} "
+                f"wasted on disk; in")
         for i, name in enumerate(files[1:]):  # as many as fit the line, the rest counted (--json names each)
             more = f" and {len(files) - 1 - i} more"
             if i and len(line) + len(name) + 2 + len(more) > _WIDTH:
@@ -256,6 +307,7 @@ def folder_json(result):
     """What --json prints of a folder."""
     vocabulary = [{k: v for k, v in group.items() if k != "members"}
                   for group in result["across"]["vocabulary"]]
-    return {"model": result["folder"], "onnxruntime": result["onnxruntime"], "rule": result["rule"],
-            "files": [{"path": it["file"], **as_json(it["info"])} for it in result["items"]],
+    return {"model": result["folder"], "verdict": folder_verdict(result), "onnxruntime": result["onnxruntime"],
+            "rule": result["rule"],
+            "files": [{"path": it["file"], **as_json(it["info"], verdict=False)} for it in result["items"]],
             "across_files": {"pairs": result["across"]["pairs"], "vocabulary": vocabulary}}

@@ -12,9 +12,12 @@ Gemm, FusedMatMul, MatMulNBits or integer matmul (MatMulInteger, DynamicQuantize
 through Identity, Transpose, Reshape, Cast, Squeeze, Unsqueeze and DequantizeLinear. Each table/head pair of
 matching shape is `shared` (one initializer), `duplicate` (same values; quantized: same codes and scales in any
 layout), `transposed_duplicate`, `quantized_copy` (one holds the other quantized: not a tie) or `distinct`.
-Each vocabulary line gives a table's size, format, tie, and share of the parameters as Hugging Face counts them,
-then what a session holds: copies under onnxruntime's default SessionOptions (prepacked ones counted) and with
-session.disable_prepacking=1, and the resident bytes one run adds, measured in a fresh child each. Runtime copies
+The report opens with its verdict: one line per table the files or a client's process hold more than once (copies
+on disk and in a session, the bytes wasted, and the fix: --retie OUT, or why none can), or one line saying all is
+well; --json holds it as `verdict`. Then each table's size, format, tie and share of the parameters, and what a
+session holds: copies under onnxruntime's default SessionOptions (prepacked ones counted) and the resident bytes
+one run adds, measured in a fresh child (--verbose: with session.disable_prepacking=1 too, and every detail). A
+logits head is a matmul weight whose product reaches a graph output through views, a bias or a scale only. Runtime copies
 are the initializers onnxruntime's optimized model adds and the copies kernels prepack at load. The model is run
 on decoder feeds derived from it (past length at least any sliding window it declares; --proof-past overrides).
 
@@ -94,7 +97,10 @@ def parser():
                         help="exit 1 when a table is held more than once (on disk or in memory under onnxruntime's "
                              "defaults) or a tie contradicts config.json, after the report, whose last line "
                              "then says why (or that it passed)")
-    found.add_argument("--json", action="store_true", help="print the findings as JSON")
+    found.add_argument("--json", action="store_true", help="print the findings as JSON (exact bytes; `verdict` first)")
+    found.add_argument("--verbose", "-v", action="store_true",
+                        help="the detail too: every initializer, distinct pairs, small runtime copies, anonymous and "
+                             "file-backed bytes, and a folder's report of each file")
     found.add_argument("--static", action="store_true",
                         help="answer from the files alone, without onnxruntime: tables, heads, pairs and the bytes on "
                              "disk; no runtime copies, nothing counted in memory")

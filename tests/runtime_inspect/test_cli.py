@@ -112,14 +112,14 @@ def test_checks_last_line_says_why_it_failed_or_that_it_passed(tmp_path):
     (pair,) = [p for p in data["pairs"] if p["relation"] != "distinct"]
     (entry,) = data["vocabulary"]
     done = run_inspect(path, "--check")
-    *reasons, last = done.stdout.splitlines()[-3:]
-    assert done.returncode == 1 and last.startswith("--check: failed, 2 reasons: "), last
-    stored, held = reasons
-    assert stored.startswith("--check: FAIL ") and stored.endswith(
-        f"{pair['table']} is stored twice in the file: head {pair['head']} holds a "
-        f"{pair['relation'].replace('_', ' ')} of it")
-    assert f"{entry['table']} is held {entry['tables_in_memory']} times" in held and entry["tables_in_memory"] == 2
-    assert last.endswith(stored.removeprefix("--check: FAIL ") + "; " + held.removeprefix("--check: FAIL "))
+    fail, last = done.stdout.splitlines()[-2:]
+    assert entry["tables_in_memory"] == 2 and pair["wasted_bytes"] == 300 * 16 * 4
+    (verdict,) = data["verdict"]  # stored twice: one entry (it is held twice too), failing --check
+    assert verdict == {"kind": "stored_more_than_once", "table": pair["table"], "file": path, "copies_on_disk": 2,
+                       "copies_in_memory": 2, "wasted_bytes_on_disk": 19200, "wasted_bytes_in_memory": 19200,
+                       "fix": "--retie OUT", "why_not": None}
+    assert fail == f"--check: FAIL {pair['table']} stored twice (18.8 KiB wasted on disk)"
+    assert done.returncode == 1 and last == f"--check: failed (1): {pair['table']} stored twice", last
     done = run_inspect(path, "--check", "--json")  # the JSON alone on stdout, the verdict on stderr
     assert done.returncode == 1 and json.loads(done.stdout)["pairs"] and done.stderr.splitlines()[-1] == last
     once = tied(tmp_path / "tied.onnx")

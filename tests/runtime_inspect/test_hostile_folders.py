@@ -194,11 +194,12 @@ def test_many_identical_files_are_one_group_not_pairs(tmp_path):
     assert len(pairs) == n - 1 and {p["a"]["file"] for p in pairs} == {"f00.onnx"}
     assert {p["b"]["file"] for p in pairs} == {f"f{i:02d}.onnx" for i in range(1, n)}
     assert data["across_files"]["vocabulary"][0]["copies_on_disk"] == n
-    report = run_inspect(model, "--static").stdout
+    report = run_inspect(model, "--static", "--verbose").stdout
     lines = report.splitlines()
     (at,) = [i for i, x in enumerate(lines) if "files hold the same table" in x]
     assert lines[at] == f"{n} files hold the same table as f00.onnx embedding"
-    assert lines[at + 1].startswith(f"  {n - 1} duplicate; {(n - 1) * V * D * 4} bytes wasted on disk; in f01.onnx, ")
+    wasted = (n - 1) * V * D * 4  # 2048 bytes a copy: KiB
+    assert lines[at + 1].startswith(f"  {n - 1} duplicate; {wasted / 1024:.1f} KiB wasted on disk; in f01.onnx, ")
     named = lines[at + 1].split("; in ")[1].split(" and ")
     shown = named[0].split(", ")
     assert shown == [f"f{i:02d}.onnx" for i in range(1, len(shown) + 1)] and named[1] == f"{n - 1 - len(shown)} more"
@@ -216,10 +217,11 @@ def test_many_equal_tables_in_one_file_are_a_line_not_n_squared(tmp_path):
     data = findings(tmp_path / "same.onnx", "--static")
     assert sum(p["relation"] == "transposed_duplicate" for p in data["pairs"]) == 30 * 30
     report = run_inspect(tmp_path / "same.onnx", "--static").stdout.splitlines()
+    assert max(len(x) for x in report) <= 100
     assert not [x for x in report if x.startswith("pair ")]
     (at,) = [i for i, x in enumerate(report) if "hold the same values" in x]
     assert report[at] == "30 table(s) (t0, ...) and 30 head(s) (h0, ...) hold the same values:"
-    assert report[at + 1] == f"  900 pairs, 900 transposed_duplicate; {30 * 8 * 4 * 4} bytes wasted in the file"
+    assert report[at + 1] == f"  900 pairs, 900 transposed_duplicate; {30 * 8 * 4 * 4 / 1024:.1f} KiB wasted in the file"
 
 
 @pytest.mark.slow
@@ -374,9 +376,12 @@ def test_a_link_out_of_the_hub_repository_is_refused(tmp_path):
 def test_a_change_in_bytes_or_memory_reads_as_its_sign_says():
     # failed before issue 37: "saved -1489" where OUT was larger, and "was +-1.7 MiB" for a Pss that fell
     from runtime.inspect.retie.folder import _say_memory, disk_change
-    assert (disk_change(9404, 7460), disk_change(6000, 7489)) == ("saved 1944", "1489 bytes more")
+    assert (disk_change(9404, 7460), disk_change(6000, 7489)) == ("saved 1.9 KiB", "1.5 KiB more")
     said = []
     figures = lambda mib: {"resident_bytes": int(mib * 2**20), "copies": 1}
-    was = {"in_memory": {"defaults": figures(-1.7)}, "copies_on_disk": 1}
+    was = {"in_memory": {"defaults": figures(-1.7)}, "copies_on_disk": 1, "bytes": 32 * 2**20}
     _say_memory([was], {"defaults": figures(0.4), "no_prepacking": figures(0.3)}, said.append)
     assert "+0.4 MiB Pss after a run of each (was -1.7; " in said[0] and "+-" not in said[0]
+    _say_memory([dict(was, bytes=2**20)], {"defaults": figures(0.4), "no_prepacking": figures(0.3)}, said.append)
+    assert said[1].endswith("was -1.7: the largest table, 1.0 MiB, is too small to show in it (copies counted "
+                            "below)\n") and "+-" not in said[1]

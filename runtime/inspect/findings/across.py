@@ -239,40 +239,6 @@ def tie_finding(group, config, items):
     return None
 
 
-def check_failures(info, where=""):
-    """--check for a file: one line per reason it fails (empty: it passes): a table stored twice in it (a duplicate
-    head) or held more than once by a session under onnxruntime's defaults; `where`: the file's name and ': '."""
-    found = [f"{where}{p['table']} is stored twice in the file: head {p['head']} holds a "
-             f"{p['relation'].replace('_', ' ')} of it" for p in info["pairs"]
-             if p["relation"] in ("duplicate", "transposed_duplicate")]
-    return found + [f"{where}{v['table']} is held {v['tables_in_memory']} times by a session under onnxruntime's "
-                    "defaults" for v in info["vocabulary"] if (v["tables_in_memory"] or 0) > 1]
-
-
-def folder_check_failures(result):
-    """--check for a folder: check_failures of each file, and each table stored in more than one place or held more
-    than once by the client's sessions together, or whose tie the config contradicts."""
-    found = [line for it in result["items"] for line in check_failures(it["info"], f"{it['file']}: ")]
-    for v in result["across"]["vocabulary"]:
-        held = v["in_memory"]["defaults"]["copies"] or 0
-        if v["copies_on_disk"] > 1:
-            found.append(f"{v['table']} is stored in {v['copies_on_disk']} places across the files")
-        if held > 1:
-            found.append(f"{v['table']} is held {held} times by the client's sessions together")
-        if v["tie_finding"]:
-            found.append(f"{v['table']}: {v['tie_finding'].replace('_', ' ')} (config.json's tie_word_embeddings "
-                         "says otherwise)")
-    return found
-
-
-def check_lines(failures):
-    """The lines --check ends the report with: each reason it failed, then the verdict (the last line says why)."""
-    if not failures:
-        return ["--check: passed: no table stored or held more than once, no tie config.json contradicts"]
-    return [f"--check: FAIL {line}" for line in failures] + [
-        f"--check: failed, {len(failures)} reason{'s' if len(failures) != 1 else ''}: " + "; ".join(failures)]
-
-
 def disk_bytes(items):
     """The bytes on disk of a folder's client files (items [{model}]) and the data files they name, each data file
     once (two files may share one)."""

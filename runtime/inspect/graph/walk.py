@@ -99,9 +99,50 @@ def find_tables_and_heads(model):
         found_here = _find(model, order, producer, consumers, Resolver(producer, weights), seen)
         for entry in found_here[0] + found_here[1]:
             entry.update(graph=path, body=graph, producer=producer, consumers=consumers)
+        for entry in found_here[1]:
+            entry["scores"] = scores_output(entry["node"], producer, consumers, graph)
         tables += found_here[0]
         heads += found_here[1]
     return tables, heads
+
+
+_SCALED = {"Add", "Sub", "Mul", "Div"}  # a bias or a scale, when its other operand is one (_a_scale)
+_ON_THE_WAY = ("Identity", "Reshape", "Cast", "Squeeze", "Unsqueeze", "Tanh", "Softcap")  # not Transpose: K and V
+
+
+def _a_scale(name, producer, depth=8):
+    """Whether `name` is a constant, or a product of constants and a DynamicQuantizeLinear's scale (an integer
+    matmul's output is multiplied by its input's scale): not the hidden state a layer adds to its product."""
+    node = producer.get(name)
+    if node is None or node.op_type == "Constant":
+        return True
+    if node.op_type == "DynamicQuantizeLinear":
+        return len(node.output) > 1 and name == node.output[1]
+    return depth > 0 and node.op_type in _SCALED | {"Cast", "Reshape", "Identity"} and all(
+        _a_scale(i, producer, depth - 1) for i in node.input if i)
+
+
+def scores_output(node, producer, consumers, body):
+    """Whether the product of head `node` reaches an output of its graph `body` (a branch's output is the If's)
+    through views, Tanh / Softcap and a bias or scale only: a logits head, not a weight of a table's shape inside a
+    layer (whose product meets the hidden state on its way out, a residual Add or a norm, or is transposed into
+    attention heads: a key or value projection to a present output)."""
+    outputs = {o.name for o in body.output}
+
+    def onward(step, name):
+        if step.op_type in _SCALED:
+            return all(_a_scale(other, producer) for other in step.input if other != name)
+        return step.op_type in _ON_THE_WAY
+    todo, seen = [node.output[0]] if node.output else [], set()
+    while todo:
+        name = todo.pop()
+        if name in outputs:
+            return True
+        if name in seen:
+            continue
+        seen.add(name)
+        todo += [n.output[0] for n in consumers.get(name, []) if n.output and onward(n, name)]
+    return False
 
 
 def _find(model, order, producer, consumers, resolve, seen):

@@ -38,7 +38,7 @@ def unique_name(model, base):
 
 def view_of(graph, model, node, table, anchor, dims):
     """graphs.tie's run-time view of initializer `table`, anchored on `anchor`, inserted before `node`: its name."""
-    prefix = unique_name(model, "retie_view") + "_"
+    prefix = unique_name(model, f"{table}.retie_view") + "_"  # named after the table it serves
     view, constants, _ = unfolded_view(table, anchor, dims, prefix + "table", prefix)
     for name, values in constants.items():  # in the main graph: a branch reads them from outside, like the table
         const(model.proto.graph, name, values)

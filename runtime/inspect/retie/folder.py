@@ -4,9 +4,11 @@ table several files hold is stored there once, at one aligned offset every file 
 and OUT is measured again in one process holding every session."""
 import os
 
+import onnx
 from onnx import TensorProto
 
 from graphs.together import save_together
+from runtime.inspect.answer import human, times
 from runtime.inspect.findings import counting
 from runtime.inspect.findings.across import disk_bytes
 from runtime.inspect.findings.relations import stored_as_table
@@ -22,7 +24,7 @@ DATA = "model.data"  # the one data file OUT's models share
 def retie_folder(result, out, scratch, limits, say):
     """Retie the folder `result` describes (folder.inspect_folder) into the new folder `out`; the exit status: 0
     written (or nothing to do), 1 a file's proof failed (nothing written)."""
-    models, changed = [], 0
+    models, changed, held = [], 0, {}
     borrowed, fed = _borrowed_tables(result, say), upstream(result["items"])
     for i, item in enumerate(result["items"]):
         model, info, name = item["model"], item["info"], item["file"]
@@ -32,7 +34,7 @@ def retie_folder(result, out, scratch, limits, say):
         if rewritten:
             where = os.path.join(scratch, f"retie{i}")
             os.mkdir(where)
-            _, _, failures, weights, _ = proven_in_place(
+            _, held[name], failures, weights, _ = proven_in_place(
                 model, info, rewritten, sources, where, limits,
                 lambda line: say(line.replace("retie: ", f"retie: {name}: ", 1)), fed[name])
             if failures:
@@ -58,12 +60,14 @@ def retie_folder(result, out, scratch, limits, say):
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     before = disk_bytes(result["items"])
     after = sum(os.path.getsize(p) for p in written)
-    say(f"retie: wrote {out}: {len(models)} file(s) and one {data} they share: {before} -> {after} bytes on disk "
-        f"({disk_change(before, after)})\n")
+    say(f"retie: wrote {out}: {len(models)} file(s) and one {data} they share: {human(before)} -> {human(after)} on "
+        f"disk ({disk_change(before, after)})\n")
     parts = [{"model": os.path.join(out, it["file"]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
              for it in result["items"] if it["info"]["rows"]]
     measured = memory.measure_together(parts, scratch, limits, after) if parts else {}
     _say_memory(result["across"]["vocabulary"], measured, say)
+    for line in _outcomes(result, out, held):
+        say(line)
     # the sidecars at the folder's top (config.json beside transformers.js's onnx/ too) and beside the files; every
     # file keeps its name, so genai_config.json is copied naming the files it named, as they resolve
     where = [os.path.dirname(it["file"]) for it in result["items"]]
@@ -74,7 +78,7 @@ def retie_folder(result, out, scratch, limits, say):
 
 def disk_change(before, after):
     """'saved N' or 'N bytes more' (alignment padding can outweigh a small table): never a negative saving."""
-    return f"saved {before - after}" if after <= before else f"{after - before} bytes more"
+    return f"saved {human(before - after)}" if after <= before else f"{human(after - before)} more"
 
 
 def data_name(files):
@@ -150,10 +154,57 @@ def _say_memory(vocabulary, measured, say):
     if on is None or was is None or was["resident_bytes"] is None:
         say(f"retie: not measured in one process{': ' + measured['error'] if 'error' in measured else ''}\n")
         return
+    largest = max((v["bytes"] for v in vocabulary), default=0)
+    if largest < counting.RESOLUTION:  # a session's own pages move by more than such a table between runs
+        say(f"retie: in one process holding every session: resident (Pss) {on['resident_bytes'] / 2**20:+.1f} MiB "
+            f"after a run of each, was {was['resident_bytes'] / 2**20:+.1f}: the largest table, "
+            f"{human(largest)}, is too small to show in it (copies counted below)\n")
+        return
     say(f"retie: in one process holding every session, under onnxruntime's default SessionOptions: "
         f"{on['resident_bytes'] / 2**20:+.1f} MiB Pss after a run of each (was {was['resident_bytes'] / 2**20:+.1f}; "
         f"{off['resident_bytes'] / 2**20:.1f} with {counting.NO_PREPACKING})\n")
-    for v in vocabulary:
-        if v["in_memory"]["defaults"]["copies"] > 1 or v["copies_on_disk"] > 1:
-            say(f"retie: {v['table']} was stored {v['copies_on_disk']} time(s) and held {v['in_memory']['defaults']['copies']} "
-                "time(s) before (inspect OUT counts it now)\n")
+
+
+
+def _stored_after(out, names):
+    """How many distinct stored tensors the (file, initializer) `names` are in the files written to `out`: a data
+    file's range once however many names it, a tensor in a model file once each; names gone (a head now reading
+    the table) are not counted."""
+    places = set()
+    for file, name in names:
+        model = onnx.load(os.path.join(out, file), load_external_data=False)
+        for t in model.graph.initializer:
+            if t.name != name:
+                continue
+            where = {e.key: e.value for e in t.external_data}
+            places.add((os.path.dirname(file), where["location"], where.get("offset", "0"))
+                       if t.data_location == TensorProto.EXTERNAL else (file, name))
+    return len(places)
+
+
+def _outcomes(result, out, held):
+    """One line per table the folder held more than once: stored and held before -> after, and the bytes saved.
+    After, on disk: the files written, read back; in memory: the copies one mapped range of the shared data file
+    counts once, plus each file's extra copies as its proof counted them (held: {file: {table: copies}}) or, for a
+    file left as it was, as its report did."""
+    for v in result["across"]["vocabulary"]:
+        was = v["in_memory"]["defaults"]["copies"]
+        if not (v["copies_on_disk"] > 1 or (was or 0) > 1):
+            continue
+        names = {(it["file"], e["initializer"]) for it, e, _ in v["members"]}
+        on_disk = _stored_after(out, names)
+        extra = 0
+        for it in result["items"]:
+            mine = {e["initializer"] for i, e, _ in v["members"] if i is it}
+            if not mine:
+                continue
+            counted = [n for t, n in held.get(it["file"], {}).items() if t in mine]
+            per_file = [e["tables_in_memory"] or 1 for e in it["info"]["vocabulary"] if e["table"] in mine]
+            extra += max((counted or per_file or [1])[0] - 1, 0)
+        after = 1 + extra
+        saved = f"saved {human((v['copies_on_disk'] - on_disk) * v['bytes'])} on disk"
+        if was is not None and was > after:
+            saved += f", {human((was - after) * v['bytes'])} in memory (counted)"
+        yield (f"retie: {v['table']}: stored {times(v['copies_on_disk'])} -> {times(on_disk)}, held "
+               f"{'?' if was is None else times(was)} -> {times(after)} by the client's process under onnxruntime's "
+               f"defaults; {saved}\n")

@@ -57,7 +57,7 @@ def _gemm_head(graph, model, node, table, vocab, width):
     graphs.tie's run-time view so that onnxruntime's defaults do not prepack a second copy of it; (output,
     hidden input)."""
     hidden, output = node.input[0], node.output[0]
-    prefix = unique_name(model, "retie_head") + "_"
+    prefix = unique_name(model, f"{table}.retie_head") + "_"
     table = view_of(graph, model, node, table, hidden, [vocab, width])
     if node.op_type in ("Gemm", "FusedMatMul"):
         kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay

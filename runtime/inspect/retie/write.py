@@ -4,7 +4,9 @@ import os
 from onnx import TensorProto
 
 from graphs.storage import stage
+from runtime.inspect.answer import human, times
 from runtime.inspect.findings import counting
+from runtime.inspect.findings.verdict import file_verdict
 from runtime.inspect.findings.copies import copy_sizes, runtime_copies
 from runtime.inspect.findings.relations import copy_key
 from runtime.inspect.read import sidecars
@@ -125,11 +127,12 @@ def retie(model, found, out_path, folder, limits, say):
     size = sum(os.path.getsize(p) for p in written)
     say(rewritten_line(rewritten, model, found["shape"], weights=weights))
     was = {v["table"]: v for v in found["vocabulary"]}
+    stored = {e["table"]: e["copies_on_disk"] for e in file_verdict(found)}
     for table, original in {final: original for _, _, original, _, final in rewritten}.items():
-        say(gained_line(table, held[table], was.get(original), measured.get("defaults")))
+        say(gained_line(table, held[table], was.get(original), measured.get("defaults"), stored.get(original, 1)))
     saved = model.file_bytes - size
-    say(f"retie: wrote {out_path}: {model.file_bytes} -> {size} bytes on disk "
-        f"({f'saved {saved}' if saved >= 0 else f'{-saved} bytes more'})\n")
+    say(f"retie: wrote {out_path}: {human(model.file_bytes)} -> {human(size)} on disk "
+        f"({f'saved {human(saved)}' if saved >= 0 else f'{human(-saved)} more'})\n")
     for line in sidecars.copy_beside(model.path, out_path):
         say(f"retie: {line}\n")
     return 0
@@ -154,24 +157,28 @@ def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):
         f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
     against = f" with the export's run under {counting.NO_PREPACKING}" if weights else ""
     return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "
-            f"heads within 2 gamma_w sum|a b|, every other output bit for bit{against}\n")
+            f"the logits within float32's rounding bound, every other output bit for bit{against}\n")
 
 
-def gained_line(table, copies, was, figures):
-    """The line that says what a retie gained in a session under onnxruntime's defaults: the copies of `table` it
-    holds and, where measured (memory.measure's `figures`, the vocabulary entry `was` before), what it adds after a
-    run and at its peak, against the original's; and why, where the copies stay as they were."""
-    def mib(entry, key):
-        value = None if entry is None else entry.get(key)
-        return "?" if value is None else f"{value / 2**20:+.1f} MiB"
-
-    before = None if was is None else was["in_memory"]["defaults"]
-    counted = "?" if was is None else was["tables_in_memory"]
-    line = (f"retie: under onnxruntime's default SessionOptions a session holds {counting.copies(copies)} of "
-            f"{table} (was {counted})")
-    if figures is not None:
-        line += (f": {mib(figures, 'resident_bytes')} resident after a run (was {mib(before, 'resident_bytes')}), "
-                 f"at most {mib(figures, 'peak_bytes')} on the way (was {mib(before, 'peak_bytes')})")
+def gained_line(table, copies, was, figures, on_disk):
+    """The outcome of a retie for `table`, in one line: its copies on disk (`on_disk`, before) and in a session under
+    onnxruntime's defaults (`copies` after; the vocabulary entry `was` before) before -> after, and the bytes that
+    saves; what a run adds (memory.measure's `figures`) only where the table is large enough for resident bytes to
+    show it (counting.RESOLUTION), else that it is too small to; why, where the copies stay as they were."""
+    counted = None if was is None else was["tables_in_memory"]
+    size = 0 if was is None else was["bytes"]
+    stored = f"stored {times(on_disk)} -> once" if on_disk > 1 else "stored once"
+    line = (f"retie: {table}: {stored}, held {'?' if counted is None else times(counted)} -> {times(copies)} by a "
+            "session under onnxruntime's defaults")
+    saved = [f"{human((on_disk - 1) * size)} on disk"] if on_disk > 1 else []
+    saved += [f"{human((counted - copies) * size)} in memory"] if counted is not None and counted > copies else []
+    line += f"; saved {', '.join(saved)}" if saved else ""
+    before = None if was is None else was["in_memory"]["defaults"].get("resident_bytes")
+    after = None if figures is None else figures.get("resident_bytes")
+    if size >= counting.RESOLUTION and None not in (before, after):
+        line += f" (one run adds {human(after)} resident, was {human(before)})"
+    elif size:
+        line += f" (counted: {human(size)} is too small a table for resident bytes to show it)"
     if copies == counted and copies > 1:
         line += "; the head's kernel prepacks its own copy of the codes, with or without the retie"
     return line + "\n"

@@ -130,7 +130,7 @@ def compare(old, new, head_of, chains, tables, bounds=None):
             bound += ops * ULPS_PER_OP * U * (np.abs(a.astype(np.float64)) + np.abs(b))
             if np.isnan(b).any() or not np.all(np.abs(a.astype(np.float64) - b) <= bound):
                 via = f" (through {ops} elementwise op(s) from the head, factor {lipschitz:g})" if ops else ""
-                failures.append(f"output {name!r}: differs beyond 2 gamma_w sum|a b|{via}")
+                failures.append(f"output {name!r}: differs beyond float32's rounding bound on its dot products{via}")
         elif not np.array_equal(a.view(np.uint8), b.view(np.uint8)):
             failures.append(f"output {name!r}: not bit-identical, and not a head output whose bound is known")
     return failures

@@ -1,0 +1,115 @@
+"""The first lines of inspect's report (its verdict, findings.verdict's entries, in words and units a person reads),
+the lines --check ends with, and the rules every line of the report keeps: sizes in KiB/MiB/GiB, at most WIDTH
+characters (longer ones wrapped, their continuation indented)."""
+import re
+import textwrap
+
+from runtime.inspect.findings.verdict import FAILING
+from runtime.inspect.read.text import printable
+
+WIDTH = 100  # the most characters a line of the report takes
+
+_SIZE = re.compile(r"\d (bytes?|KiB|MiB|GiB)\b")
+_KEEP = "\ue000"  # private use: printable() escapes any a name brings; textwrap sees no space in it
+
+FOOTER = "terms (held, prepacked, run-time view, resident, Pss): docs/inspect.md, Glossary"
+
+_TIES = {
+    "wrong_tie": "WRONG TIE {t}: config.json says tie_word_embeddings false, but the head scores with this table",
+    "lost_tie": "LOST TIE {t}: config.json says tie_word_embeddings true, but the head of its shape holds other values",
+}
+
+
+def human(n):
+    """`n` bytes as a person reads them: '512 bytes', '32.0 KiB', '147.2 MiB', '2.96 GiB' (exact bytes: --json)."""
+    if n is None:
+        return "?"
+    for unit, size, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 1), ("KiB", 2**10, 1)):
+        if abs(n) >= size:
+            return f"{n / size:.{digits}f} {unit}"
+    return f"{n} byte{'' if n == 1 else 's'}"
+
+
+def wrap(text):
+    """`text` (one or more lines) with every line over WIDTH characters wrapped at spaces, each continuation indented
+    four more than the line it continues."""
+    lines = []
+    for line in text.split("\n"):
+        if len(line) <= WIDTH:
+            lines.append(line)
+            continue
+        indent = line[:len(line) - len(line.lstrip(" "))]
+        kept = _SIZE.sub(lambda m: m.group(0).replace(" ", _KEEP), line)  # a figure and its unit on one line
+        lines += [part.replace(_KEEP, " ") for part in
+                  textwrap.wrap(kept, WIDTH, subsequent_indent=indent + "    ", break_on_hyphens=False)]
+    return "\n".join(lines)
+
+
+def line(text):
+    """One line of the report: made printable (names in a model are untrusted text: none can forge a line or move
+    the cursor), then wrapped."""
+    return wrap(printable(text))
+
+
+def times(n):
+    """'once', 'twice', 'N times'."""
+    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
+
+
+def lines(verdict, vocabulary, where, process, static):
+    """The verdict's lines: one (and its fix or why not) per entry, or one line saying all is well. `vocabulary`
+    {table: its vocabulary entry} (sizes and format); `where` {table: the files that store it} for a folder (else
+    empty); `process` what holds the sessions ("a session", "the client's process")."""
+    found = []
+    for e in verdict:
+        v = vocabulary.get(e["table"], {})
+        size = f"{v['vocab_size']} x {v['width']} {v['format']}, {human(v['bytes'])}" if v else ""
+        files = where.get(e["table"])
+        place = f" in {', '.join(files)}" if files else ""
+        if e["kind"] in _TIES:
+            found.append(_TIES[e["kind"]].format(t=e["table"]) + (f" ({size})" if size else ""))
+        else:
+            held = "" if e["copies_in_memory"] is None else f", held {times(e['copies_in_memory'])} by {process}"
+            wasted = [f"{human(e['wasted_bytes_on_disk'])} on disk"] if e["wasted_bytes_on_disk"] else []
+            wasted += [f"{human(e['wasted_bytes_in_memory'])} in memory"] if e["wasted_bytes_in_memory"] else []
+            found.append(f"{e['table']}{f' ({size})' if size else ''}: stored {times(e['copies_on_disk'])}{place}"
+                         f"{held}; wasted: {', '.join(wasted)}")
+        found.append(f"  fix: {e['fix']} (writes a copy that holds it once)" if e["fix"] else
+                     f"  no --retie fix: {e['why_not']}")
+    if found:
+        return found
+    tables = [v for v in vocabulary.values()]
+    count = f"{len(tables)} table{'s' if len(tables) != 1 else ''}"
+    if not tables:
+        return ["no table: nothing reads rows from an initializer, so nothing here is held twice"]
+    if static:
+        return [f"all well on disk: {count}, each stored once (--static: what a session holds is not counted)"]
+    return [f"all well: {count}, each stored once and held once by {process}"]
+
+
+def _reason(e, wasted=True):
+    """Why entry `e` fails --check, in a few words (and the bytes it wastes)."""
+    if e["kind"] in _TIES:
+        return f"{e['table']} {e['kind'].replace('_', ' ')}"
+    if e["kind"] == "stored_more_than_once":
+        return (f"{e['table']} stored {times(e['copies_on_disk'])}" +
+                (f" ({human(e['wasted_bytes_on_disk'])} wasted on disk)" if wasted else ""))
+    return (f"{e['table']} held {times(e['copies_in_memory'])}" +
+            (f" ({human(e['wasted_bytes_in_memory'])} wasted in memory)" if wasted else ""))
+
+
+def check_lines(verdict):
+    """The lines --check ends the report with: each failing entry, then a last line that says why it failed (each
+    reason, as many as fit WIDTH, the rest counted) or that it passed."""
+    failing = [e for e in verdict if e["kind"] in FAILING]
+    if not failing:
+        return ["--check: passed: no table stored or held more than once, no tie config.json contradicts"]
+    reasons = [_reason(e, wasted=False) for e in failing]
+    last = f"--check: failed ({len(reasons)}): "
+    for i, reason in enumerate(reasons):
+        more = f"and {len(reasons) - i} more (above)"
+        if i and len(last) + len(reason) + len("; ") + len(more) + 2 > WIDTH:
+            last += f"; {more}"
+            break
+        last += ("; " if i else "") + reason
+    return [f"--check: FAIL {_reason(e)}" for e in failing] + [last]

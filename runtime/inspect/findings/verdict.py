@@ -1,0 +1,86 @@
+"""The answer inspect opens with: one entry per table the files or a client's process hold more than once, or whose
+tie config.json contradicts, with the bytes it wastes and the command that repairs it (or why none can)."""
+from runtime.inspect.retie.rules import remedy
+
+FAILING = ("held_more_than_once", "stored_more_than_once", "wrong_tie", "lost_tie")  # the kinds --check fails on
+
+RETIE = "--retie OUT"  # the fix, as a user types it
+
+_COPIES = ("duplicate", "transposed_duplicate")
+
+_WHY_NOT = {
+    "wrong_tie": ("the graph scores with the input table; which of graph and config is right only the exporter "
+                  "knows: correct config.json's tie_word_embeddings, or export again untied"),
+    "lost_tie": ("the head holds other values than the table, so reading the table instead would change the "
+                 "logits: export again from a model whose head is its table"),
+}
+
+
+def _entry(kind, table, file, on_disk, in_memory, table_bytes, wasted_on_disk, fix, why_not):
+    wasted_in_memory = None if in_memory is None else max(in_memory - 1, 0) * table_bytes
+    return {"kind": kind, "table": table, "file": file, "copies_on_disk": on_disk, "copies_in_memory": in_memory,
+            "wasted_bytes_on_disk": wasted_on_disk, "wasted_bytes_in_memory": wasted_in_memory,
+            "fix": fix if why_not is None else None, "why_not": why_not}
+
+
+def _remedies(pairs):
+    """(a fix, or None; why no retie can, or None) for a table's pairs that hold it twice: the fix where remedy()
+    rewrites any of them, else the first reason it gives."""
+    found = [remedy(p) for p in pairs]
+    if any(how for how, _ in found):
+        return RETIE, None
+    why = next((why for _, why in found if why), None)
+    return (None, why) if why else (RETIE, None)
+
+
+def file_verdict(info, file=None):
+    """The verdict of one file (examine.inspect_model's `info`): per table, `stored_more_than_once` where a head holds
+    a (transposed) duplicate of it, else `held_more_than_once` where a session under onnxruntime's defaults holds it
+    more than once (copies_in_memory null under --static). A stored copy that two branches read is one copy.
+    Memory wasted is counted at the table's stored bytes per copy beyond the first."""
+    found = []
+    for v in info["vocabulary"]:
+        mine = [p for p in info["pairs"] if p["table"] == v["table"] and p["relation"] in ("shared",) + _COPIES]
+        copies = {p["head"]: p["wasted_bytes"] for p in mine if p["relation"] in _COPIES}  # a head read twice: once
+        on_disk, held = 1 + len(copies), v["tables_in_memory"]
+        if on_disk > 1:
+            kind = "stored_more_than_once"
+        elif held is not None and held > 1:
+            kind = "held_more_than_once"
+        else:
+            continue
+        fix, why = _remedies(mine) if mine else (None, "no head reads it: the copies are onnxruntime's own")
+        found.append(_entry(kind, v["table"], file, on_disk, held, v["bytes"], sum(copies.values()), fix, why))
+    return found
+
+
+def folder_verdict(result):
+    """The verdict of a folder (examine_folder.inspect_folder's `result`): per table across the files it is stored
+    in, as file_verdict, with the copies every session of the client holds together; and each tie config.json
+    contradicts. A folder's --retie writes one data file holding each table once."""
+    found = []
+    for v in result["across"]["vocabulary"]:
+        held = v["in_memory"]["defaults"]["copies"]
+        if v["tie_finding"]:
+            found.append(_entry(v["tie_finding"], v["table"], v["file"], v["copies_on_disk"], held, v["bytes"],
+                                v["wasted_bytes"], None, _WHY_NOT[v["tie_finding"]]))
+            continue
+        if v["copies_on_disk"] > 1:
+            kind = "stored_more_than_once"
+        elif held is not None and held > 1:
+            kind = "held_more_than_once"
+        else:
+            continue
+        names = {(it["file"], e["initializer"]) for it, e, _ in v["members"]}
+        pairs = [p for it in result["items"] for p in it["info"]["pairs"]
+                 if (it["file"], p["table"]) in names and p["relation"] in ("shared",) + _COPIES]
+        files = {s["file"] for s in v["stored"]}
+        fix, why = _remedies(pairs) if pairs and len(files) == 1 else (RETIE, None)
+        found.append(_entry(kind, v["table"], v["file"], v["copies_on_disk"], held, v["bytes"], v["wasted_bytes"],
+                            fix, why))
+    return found
+
+
+def failures(verdict):
+    """The entries --check fails on."""
+    return [e for e in verdict if e["kind"] in FAILING]
