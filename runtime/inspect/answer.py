@@ -4,8 +4,9 @@ characters (longer ones wrapped, their continuation indented)."""
 import re
 import textwrap
 
-from runtime.inspect.findings.verdict import FAILING
+from runtime.inspect.findings.counting import human, times
 from runtime.inspect.read.text import printable
+from runtime.inspect.verdict import FAILING
 
 WIDTH = 100  # the most characters a line of the report takes
 
@@ -18,16 +19,6 @@ _TIES = {
     "wrong_tie": "WRONG TIE {t}: config.json says tie_word_embeddings false, but the head scores with this table",
     "lost_tie": "LOST TIE {t}: config.json says tie_word_embeddings true, but the head of its shape holds other values",
 }
-
-
-def human(n):
-    """`n` bytes as a person reads them: '512 bytes', '32.0 KiB', '147.2 MiB', '2.96 GiB' (exact bytes: --json)."""
-    if n is None:
-        return "?"
-    for unit, size, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 1), ("KiB", 2**10, 1)):
-        if abs(n) >= size:
-            return f"{n / size:.{digits}f} {unit}"
-    return f"{n} byte{'' if n == 1 else 's'}"
 
 
 def wrap(text):
@@ -49,11 +40,6 @@ def line(text):
     """One line of the report: made printable (names in a model are untrusted text: none can forge a line or move
     the cursor), then wrapped."""
     return wrap(printable(text))
-
-
-def times(n):
-    """'once', 'twice', 'N times'."""
-    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
 
 
 def lines(verdict, vocabulary, where, process, static):

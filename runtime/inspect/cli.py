@@ -8,17 +8,17 @@ import tempfile
 
 import graphs
 from embed import Terminated, UsageError, raise_on_sigterm, run_cli
+from runtime.inspect import answer, usage
 from runtime.inspect.examine import inspect_model
 from runtime.inspect.examine_folder import inspect_folder
-from runtime.inspect import answer
-from runtime.inspect.findings.verdict import file_verdict, folder_verdict
 from runtime.inspect.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report
 from runtime.inspect.retie.folder import retie_folder
 from runtime.inspect.retie.write import retie
-from runtime.inspect import usage
 from runtime.inspect.sandbox import guard, isolated
+from runtime.inspect.verdict import file_verdict, folder_verdict
 from runtime.progress import Progress
+
 
 class _Held:
     """A stream whose writes are held until release(): with --json, a retie's lines reach stderr only once it ends

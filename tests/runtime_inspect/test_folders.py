@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from runtime.inspect.read.layout import client_files
 from runtime.inspect.read.model import graph_paths
-from tests.helpers import FIXTURES, FOLDERS, findings, run_inspect
+from tests.helpers import FIXTURES, FOLDERS, findings, run_inspect, unwrapped
 
 V, D = 1000, 64  # a table large enough that onnxruntime folds and prepacks copies of it
 TABLE = np.random.default_rng(0).standard_normal((V, D)).astype(np.float32)
@@ -358,6 +358,7 @@ def test_retie_reads_the_weights_a_merged_decoders_branches_share_in_place(tmp_p
     onnx.save(merged_decoder(), tmp_path / "warm.onnx")
     out = tmp_path / "retied.onnx"
     printed, model = retied(tmp_path / "merged.onnx", out)
+    printed = " ".join(unwrapped(printed))  # each line as one, however wrapped
     assert "the 2 weights its branches share (16.0 MiB" in printed
     assert "every other output bit for bit with the export's run under session.disable_prepacking=1" in printed
     stored = {t.name for t in model.graph.initializer}
@@ -402,6 +403,7 @@ def test_weights_read_in_place_that_do_not_prove_are_put_back(tmp_path):
     onnx.save(m, tmp_path / "merged.onnx")
     out = tmp_path / "retied.onnx"
     printed, model = retied(tmp_path / "merged.onnx", out)
+    printed = " ".join(unwrapped(printed))
     assert "the weights its branches share are left as they are (read in place: " in printed
     assert "table is now the one copy (2 heads now a Gemm on its run-time view); proven" in printed
     readers = [n.input[1] for _, _, g in graph_paths(model.graph) for n in g.node if n.op_type == "MatMul"]

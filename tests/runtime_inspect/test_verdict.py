@@ -8,7 +8,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from runtime.inspect.answer import human, wrap
+from runtime.inspect.answer import wrap
+from runtime.inspect.findings.counting import human
 from tests.helpers import FIXTURES, findings, inspected, run_inspect, unwrapped
 
 FIX = "  fix: --retie OUT (writes a copy that holds it once)"

@@ -14,6 +14,31 @@ def copies(n):
     return f"{n} cop{'y' if n == 1 else 'ies'}"
 
 
+def times(n):
+    """'once', 'twice', 'N times'."""
+    return "once" if n == 1 else "twice" if n == 2 else f"{n} times"
+
+
+def human(n):
+    """`n` bytes as a person reads them: '512 bytes', '32.0 KiB', '147.2 MiB', '2.96 GiB' (exact bytes: --json)."""
+    if n is None:
+        return "?"
+    for unit, size, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 1), ("KiB", 2**10, 1)):
+        if abs(n) >= size:
+            return f"{n / size:.{digits}f} {unit}"
+    return f"{n} byte{'' if n == 1 else 's'}"
+
+
+COPIES = ("duplicate", "transposed_duplicate")  # the relations that store a table's values a second time
+
+
+def stored_copies(pairs, table):
+    """(how many times a file stores `table`: itself and each head holding a (transposed) duplicate of it, a head
+    that several branches read once; the bytes those heads take)."""
+    heads = {p["head"]: p["wasted_bytes"] for p in pairs if p["table"] == table and p["relation"] in COPIES}
+    return 1 + len(heads), sum(heads.values())
+
+
 def not_counted():
     """The `in_memory` entry of a table when onnxruntime was not run (--static): every figure null."""
     return {setting: held(None, None, 1, 0) for setting in SETTINGS}

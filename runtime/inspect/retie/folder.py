@@ -8,9 +8,9 @@ import onnx
 from onnx import TensorProto
 
 from graphs.together import save_together
-from runtime.inspect.answer import human, times
 from runtime.inspect.findings import counting
 from runtime.inspect.findings.across import disk_bytes
+from runtime.inspect.findings.counting import human, times
 from runtime.inspect.findings.relations import stored_as_table
 from runtime.inspect.read import sidecars
 from runtime.inspect.read.text import InspectError

@@ -4,10 +4,9 @@ import os
 from onnx import TensorProto
 
 from graphs.storage import stage
-from runtime.inspect.answer import human, times
 from runtime.inspect.findings import counting
-from runtime.inspect.findings.verdict import file_verdict
 from runtime.inspect.findings.copies import copy_sizes, runtime_copies
+from runtime.inspect.findings.counting import human, stored_copies, times
 from runtime.inspect.findings.relations import copy_key
 from runtime.inspect.read import sidecars
 from runtime.inspect.read.model import load
@@ -127,9 +126,9 @@ def retie(model, found, out_path, folder, limits, say):
     size = sum(os.path.getsize(p) for p in written)
     say(rewritten_line(rewritten, model, found["shape"], weights=weights))
     was = {v["table"]: v for v in found["vocabulary"]}
-    stored = {e["table"]: e["copies_on_disk"] for e in file_verdict(found)}
     for table, original in {final: original for _, _, original, _, final in rewritten}.items():
-        say(gained_line(table, held[table], was.get(original), measured.get("defaults"), stored.get(original, 1)))
+        say(gained_line(table, held[table], was.get(original), measured.get("defaults"),
+                        stored_copies(found["pairs"], original)[0]))
     saved = model.file_bytes - size
     say(f"retie: wrote {out_path}: {human(model.file_bytes)} -> {human(size)} on disk "
         f"({f'saved {human(saved)}' if saved >= 0 else f'{human(-saved)} more'})\n")

@@ -1,12 +1,11 @@
 """The answer inspect opens with: one entry per table the files or a client's process hold more than once, or whose
 tie config.json contradicts, with the bytes it wastes and the command that repairs it (or why none can)."""
+from runtime.inspect.findings.counting import COPIES, stored_copies
 from runtime.inspect.retie.rules import remedy
 
 FAILING = ("held_more_than_once", "stored_more_than_once", "wrong_tie", "lost_tie")  # the kinds --check fails on
 
 RETIE = "--retie OUT"  # the fix, as a user types it
-
-_COPIES = ("duplicate", "transposed_duplicate")
 
 _WHY_NOT = {
     "wrong_tie": ("the graph scores with the input table; which of graph and config is right only the exporter "
@@ -40,9 +39,8 @@ def file_verdict(info, file=None):
     Memory wasted is counted at the table's stored bytes per copy beyond the first."""
     found = []
     for v in info["vocabulary"]:
-        mine = [p for p in info["pairs"] if p["table"] == v["table"] and p["relation"] in ("shared",) + _COPIES]
-        copies = {p["head"]: p["wasted_bytes"] for p in mine if p["relation"] in _COPIES}  # a head read twice: once
-        on_disk, held = 1 + len(copies), v["tables_in_memory"]
+        mine = [p for p in info["pairs"] if p["table"] == v["table"] and p["relation"] in ("shared",) + COPIES]
+        (on_disk, wasted), held = stored_copies(info["pairs"], v["table"]), v["tables_in_memory"]
         if on_disk > 1:
             kind = "stored_more_than_once"
         elif held is not None and held > 1:
@@ -50,7 +48,7 @@ def file_verdict(info, file=None):
         else:
             continue
         fix, why = _remedies(mine) if mine else (None, "no head reads it: the copies are onnxruntime's own")
-        found.append(_entry(kind, v["table"], file, on_disk, held, v["bytes"], sum(copies.values()), fix, why))
+        found.append(_entry(kind, v["table"], file, on_disk, held, v["bytes"], wasted, fix, why))
     return found
 
 
@@ -73,7 +71,7 @@ def folder_verdict(result):
             continue
         names = {(it["file"], e["initializer"]) for it, e, _ in v["members"]}
         pairs = [p for it in result["items"] for p in it["info"]["pairs"]
-                 if (it["file"], p["table"]) in names and p["relation"] in ("shared",) + _COPIES]
+                 if (it["file"], p["table"]) in names and p["relation"] in ("shared",) + COPIES]
         files = {s["file"] for s in v["stored"]}
         fix, why = _remedies(pairs) if pairs and len(files) == 1 else (RETIE, None)
         found.append(_entry(kind, v["table"], v["file"], v["copies_on_disk"], held, v["bytes"], v["wasted_bytes"],
