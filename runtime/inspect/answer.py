@@ -43,11 +43,12 @@ def line(text):
 
 
 def lines(verdict, vocabulary, where, process, static):
-    """The verdict's lines: one (and its fix or why not) per entry, or one line saying all is well. `vocabulary`
+    """The verdict's lines: one (and its fix or why not) per failing entry, or one line saying all is well; then
+    each head that scores every prompt position (informational). `vocabulary`
     {table: its vocabulary entry} (sizes and format); `where` {table: the files that store it} for a folder (else
     empty); `process` what holds the sessions ("a session", "the client's process")."""
     found = []
-    for e in verdict:
+    for e in [e for e in verdict if e["kind"] in FAILING]:
         v = vocabulary.get(e["table"], {})
         size = f"{v['vocab_size']} x {v['width']} {v['format']}, {human(v['bytes'])}" if v else ""
         files = where.get(e["table"])
@@ -62,8 +63,20 @@ def lines(verdict, vocabulary, where, process, static):
                          f"{held}; wasted: {', '.join(wasted)}")
         found.append(f"  fix: {e['fix']} (writes a copy that holds it once)" if e["fix"] else
                      f"  no --retie fix: {e['why_not']}")
-    if found:
-        return found
+    return (found or _all_well(vocabulary, process, static)) + [
+        line for e in verdict if e["kind"] == "all_positions_scored" for line in _scored(e, bool(where))]
+
+
+def _scored(e, folder):
+    """The lines of an all_positions_scored entry: the bytes of logits a prefill makes, and why no fix yet."""
+    where = f" ({e['file']})" if folder else ""
+    return [f"{e['table']}{where}: scores all {e['prompt_tokens']} prompt positions: {human(e['logits_bytes'])} of "
+            f"logits a prefill, where a generating client reads {human(e['logits_bytes'] - e['wasted_bytes_in_memory'])}",
+            f"  no fix yet: {e['why_not']}"]
+
+
+def _all_well(vocabulary, process, static):
+    """The one line that says no table is held twice."""
     tables = [v for v in vocabulary.values()]
     count = f"{len(tables)} table{'s' if len(tables) != 1 else ''}"
     if not tables:

@@ -11,6 +11,7 @@ from embed import Terminated, UsageError, raise_on_sigterm, run_cli
 from runtime.inspect import answer, usage
 from runtime.inspect.examine import inspect_model
 from runtime.inspect.examine_folder import inspect_folder
+from runtime.inspect.findings.prefill import all_positions
 from runtime.inspect.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report
 from runtime.inspect.retie.folder import retie_folder
@@ -157,6 +158,8 @@ def _work(args, prog, folder):
         if os.path.isdir(args.model):
             result = inspect_folder(args.model, folder, limits, args.proof_past, args.files, args.static)
             progress.done()
+            for it in result["items"]:
+                it["info"]["prefill"] = all_positions(it["info"], it["model"], args.prompt_length)
             if args.json:
                 sys.stdout.write(json.dumps(folder_json(result), indent=2) + "\n")
             else:
@@ -166,6 +169,7 @@ def _work(args, prog, folder):
                 return _released(said, status)
             return _checked(args, folder_verdict(result))
         info = inspect_model(args.model, folder, limits, args.proof_past, args.static)
+        info["prefill"] = all_positions(info, info["model"], args.prompt_length)
         progress.done()
         say = _writer(said, progress)
         if args.json:  # json.dumps escapes every control and non-ASCII character itself

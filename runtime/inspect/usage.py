@@ -2,6 +2,7 @@
 import argparse
 
 from embed import OneLineParser
+from runtime.inspect.findings.prefill import PROMPT
 from runtime.inspect.read import sidecars
 from runtime.inspect.sandbox import feeds, isolated
 
@@ -75,6 +76,13 @@ def _past(text):
     return int(text)
 
 
+def _tokens(text):
+    """--prompt-length: a whole number of tokens from 1, below sidecars.MOST."""
+    if not text.isdigit() or not 0 < int(text) < sidecars.MOST:
+        raise argparse.ArgumentTypeError(f"want a whole number of tokens from 1 to {sidecars.MOST - 1}, got {text!r}")
+    return int(text)
+
+
 def _names(text):
     """--files: comma-separated file names."""
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -115,4 +123,8 @@ def parser():
                         help="past tokens (KV cache length) in the decoder feeds the model is run and proven on "
                              f"(default {feeds.PAST}, or the longest sliding window the model or the "
                              "genai_config.json / config.json beside it declares)")
+    found.add_argument("--prompt-length", type=_tokens, metavar="N",
+                        help="prompt tokens at which a decoder's head scoring every position is costed (bytes of "
+                             f"logits a prefill makes; default {PROMPT}, or the context the model declares if "
+                             "shorter)")
     return found

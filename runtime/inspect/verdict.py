@@ -4,6 +4,7 @@ from runtime.inspect.findings.counting import COPIES, stored_copies
 from runtime.inspect.retie.rules import remedy
 
 FAILING = ("held_more_than_once", "stored_more_than_once", "wrong_tie", "lost_tie")  # the kinds --check fails on
+# and one it does not: all_positions_scored (a decoder's head scores every prompt position; informational)
 
 RETIE = "--retie OUT"  # the fix, as a user types it
 
@@ -49,7 +50,7 @@ def file_verdict(info, file=None):
             continue
         fix, why = _remedies(mine) if mine else (None, "no head reads it: the copies are onnxruntime's own")
         found.append(_entry(kind, v["table"], file, on_disk, held, v["bytes"], wasted, fix, why))
-    return found
+    return found + _prefill(info.get("prefill", []), file)
 
 
 def folder_verdict(result):
@@ -76,7 +77,20 @@ def folder_verdict(result):
         fix, why = _remedies(pairs) if pairs and len(files) == 1 else (RETIE, None)
         found.append(_entry(kind, v["table"], v["file"], v["copies_on_disk"], held, v["bytes"], v["wasted_bytes"],
                             fix, why))
-    return found
+    return found + [e for it in result["items"] for e in _prefill(it["info"].get("prefill", []), it["file"])]
+
+
+WHY_NOT_SLICED = "--retie does not slice the head's input to the positions a client reads"
+
+
+def _prefill(found, file):
+    """The `all_positions_scored` entries (informational) of findings.prefill.all_positions' `found`: the logits
+    rows a generating client does not read are the bytes it wastes in memory, at the stated prompt length."""
+    return [{"kind": "all_positions_scored", "table": p["head"], "file": file, "copies_on_disk": None,
+             "copies_in_memory": None, "wasted_bytes_on_disk": None,
+             "wasted_bytes_in_memory": p["logits_bytes"] - p["row_bytes"], "fix": None, "why_not": WHY_NOT_SLICED,
+             "prompt_tokens": p["prompt_tokens"], "logits_bytes": p["logits_bytes"], "output": p["output"]}
+            for p in found]
 
 
 def failures(verdict):

@@ -114,10 +114,11 @@ def test_checks_last_line_says_why_it_failed_or_that_it_passed(tmp_path):
     done = run_inspect(path, "--check")
     fail, last = done.stdout.splitlines()[-2:]
     assert entry["tables_in_memory"] == 2 and pair["wasted_bytes"] == 300 * 16 * 4
-    (verdict,) = data["verdict"]  # stored twice: one entry (it is held twice too), failing --check
+    verdict, scored = data["verdict"]  # stored twice: one entry (it is held twice too), failing --check
     assert verdict == {"kind": "stored_more_than_once", "table": pair["table"], "file": path, "copies_on_disk": 2,
                        "copies_in_memory": 2, "wasted_bytes_on_disk": 19200, "wasted_bytes_in_memory": 19200,
                        "fix": "--retie OUT", "why_not": None}
+    assert scored["kind"] == "all_positions_scored"  # informational: --check does not fail on it
     assert fail == f"--check: FAIL {pair['table']} stored twice (18.8 KiB wasted on disk)"
     assert done.returncode == 1 and last == f"--check: failed (1): {pair['table']} stored twice", last
     done = run_inspect(path, "--check", "--json")  # the JSON alone on stdout, the verdict on stderr

@@ -13,6 +13,12 @@ from runtime.inspect.findings.counting import human
 from tests.helpers import FIXTURES, findings, inspected, run_inspect, unwrapped
 
 FIX = "  fix: --retie OUT (writes a copy that holds it once)"
+FAILING = ("stored_more_than_once", "held_more_than_once", "wrong_tie", "lost_tie")
+
+
+def problems(data):
+    """The verdict's entries --check fails on (not the informational all_positions_scored)."""
+    return [e for e in data["verdict"] if e["kind"] in FAILING]
 
 
 def times(n):
@@ -55,7 +61,7 @@ STORED_TWICE = ["torchscript_tied.onnx", "folders/optimum_t5", "folders/optimum_
 def test_a_table_stored_more_than_once_is_the_first_line_with_its_copies_bytes_and_fix(name):
     path = os.path.join(FIXTURES, name)
     data = findings(path)
-    (entry,) = data["verdict"]
+    (entry,) = problems(data)
     file = entry["file"] if os.path.isdir(path) else path
     table, copies = stored_copies(path, entry["table"], file)
     assert copies >= 2 and entry["kind"] == "stored_more_than_once"
@@ -82,7 +88,7 @@ def test_a_table_stored_more_than_once_is_the_first_line_with_its_copies_bytes_a
 
 def test_a_table_held_twice_in_memory_but_stored_once_says_so_and_fails_check():
     path = os.path.join(FIXTURES, "genai_fp32", "model.onnx")
-    (entry,) = findings(path)["verdict"]
+    (entry,) = problems(findings(path))
     table, copies = stored_copies(path, entry["table"], path)
     (vocabulary,) = findings(path)["vocabulary"]
     assert copies == 1 and vocabulary["tables_in_memory"] == 2  # the folded Transpose, the head's packed weight
@@ -100,7 +106,7 @@ def test_a_table_held_twice_in_memory_but_stored_once_says_so_and_fails_check():
 def test_a_tie_the_config_contradicts_opens_the_report_with_no_retie_fix(name, kind):
     path = os.path.join(FIXTURES, "folders", name)
     data = findings(path)
-    (entry,) = data["verdict"]
+    (entry,) = problems(data)
     (group,) = [v for v in data["across_files"]["vocabulary"] if v["table"] == entry["table"]]
     assert (entry["kind"], group["tie_finding"], entry["fix"]) == (kind, kind, None) and entry["why_not"]
     lines = unwrapped(inspected(path).stdout)
@@ -118,17 +124,17 @@ def test_all_well_is_one_line_and_check_passes(name):
     model = onnx.load(path)
     stored = {t.name for t in model.graph.initializer}
     tables = {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input[0] in stored}
-    assert findings(path)["verdict"] == []
+    assert problems(findings(path)) == []
     lines = inspected(path).stdout.splitlines()
     assert lines[0] == f"all well: {len(tables)} table{'s' if len(tables) != 1 else ''}, each stored once and held " \
-                       "once by a session" and lines[1] == ""
+                       "once by a session"
     done = run_inspect(path, "--check")
     assert done.returncode == 0 and done.stdout.splitlines()[-1].startswith("--check: passed")
 
 
 def test_static_counts_the_files_only():
     path = os.path.join(FIXTURES, "torchscript_tied.onnx")
-    (entry,) = findings(path, "--static")["verdict"]
+    (entry,) = problems(findings(path, "--static"))
     assert (entry["copies_on_disk"], entry["copies_in_memory"], entry["wasted_bytes_in_memory"]) == (2, None, None)
     first = unwrapped(inspected(path, "--static").stdout)[0]
     assert first == f"embed.weight (256 x 32 float32, {kib(256 * 32 * 4)}): stored twice; wasted: {kib(256 * 32 * 4)} on disk"
@@ -136,10 +142,10 @@ def test_static_counts_the_files_only():
 
 def test_a_one_table_report_is_short_and_a_folder_adds_a_line_a_file():
     report = inspected(os.path.join("tests", "fixtures", "torchscript_tied.onnx")).stdout  # as the README runs it
-    assert len(report.splitlines()) <= 16, report
+    assert len(report.splitlines()) <= 19, report  # 16, and 3 on its head scoring every prompt position
     path = os.path.join(FIXTURES, "folders", "optimum_t5")
     lines = inspected(path).stdout.splitlines()
-    assert len(lines) <= 20 and max(len(x) for x in lines) <= 100
+    assert len(lines) <= 20 and max(len(x) for x in lines) <= 100  # T5: a seq2seq decoder, no prefill finding
     for f in files_of(path):  # one line each (wrapped), its size
         (line,) = [x for x in unwrapped("\n".join(lines)) if x.startswith(f"  {f}: ")]
         assert line.startswith(f"  {f}: {kib(os.path.getsize(os.path.join(path, f)))}; tables ")
@@ -175,3 +181,45 @@ def test_sizes_read_as_a_person_reads_them_and_long_lines_wrap():
     assert max(len(x) for x in lines) <= 100 and all(x.startswith("      ") for x in lines[1:])
     assert " ".join(x.strip() for x in lines).split(" ") == [w for word in words for w in word.split(" ")]
     assert any(x.rstrip().endswith("+0.5 MiB") or "+0.5 MiB" in x for x in lines)  # a figure keeps its unit
+
+
+def logits_output(path):
+    """(positions axis, vocabulary, bytes an element) of the model's `logits` output, as its graph declares it."""
+    (out,) = [o for o in onnx.load(path, load_external_data=False).graph.output if o.name == "logits"]
+    dims = out.type.tensor_type.shape.dim
+    return dims[-2], dims[-1].dim_value, onnx.helper.tensor_dtype_to_np_dtype(out.type.tensor_type.elem_type).itemsize
+
+
+@pytest.mark.parametrize("name, args, tokens", [
+    ("torchscript_tied.onnx", (), 2048),  # nothing declared: the default
+    ("torchscript_tied.onnx", ("--prompt-length", "10"), 10),
+    ("folders/split_gpt2", (), "wpe"),  # GPT-2's position table: its rows are the longest prompt
+])
+def test_a_decoder_scoring_every_prompt_position_is_stated_at_a_prompt_length(name, args, tokens):
+    path = os.path.join(FIXTURES, name)
+    data = findings(path, *args)
+    (entry,) = [e for e in data["verdict"] if e["kind"] == "all_positions_scored"]
+    file = os.path.join(path, entry["file"]) if os.path.isdir(path) else path
+    positions, vocab, size = logits_output(file)
+    assert positions.dim_param and not positions.dim_value  # a symbolic sequence axis: every position scored
+    if tokens == "wpe":
+        (wpe,) = [t for t in onnx.load(file).graph.initializer if t.name == "transformer.wpe.weight"]
+        tokens = wpe.dims[0]
+    assert (entry["prompt_tokens"], entry["logits_bytes"]) == (tokens, tokens * vocab * size)
+    assert entry["wasted_bytes_in_memory"] == (tokens - 1) * vocab * size and entry["fix"] is None
+    line = [x for x in unwrapped(inspected(path, *args).stdout) if "prompt positions" in x][0]
+    assert f"scores all {tokens} prompt positions: {human(tokens * vocab * size)} of logits a prefill, where a " \
+           f"generating client reads {human(vocab * size)}" in line
+    assert run_inspect(path, "--check", *args).stdout.splitlines()[-1].startswith("--check: failed (1): ")  # not it
+
+
+def test_a_seq2seq_decoder_and_an_untied_one_at_length_one_are_not_findings(tmp_path):
+    assert not [e for e in findings(os.path.join(FIXTURES, "folders", "optimum_t5"))["verdict"]
+                if e["kind"] == "all_positions_scored"]  # its prompt is the encoder's
+    model = onnx.load(os.path.join(FIXTURES, "torchscript_tied.onnx"))
+    (out,) = model.graph.output
+    out.type.tensor_type.shape.dim[1].dim_value = 1  # logits [batch, 1, vocab]: one position scored
+    onnx.save(model, tmp_path / "one.onnx")
+    assert not [e for e in findings(tmp_path / "one.onnx", "--static")["verdict"]
+                if e["kind"] == "all_positions_scored"]
+    assert run_inspect(tmp_path / "one.onnx", "--prompt-length", "0").returncode == 2

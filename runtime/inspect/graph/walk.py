@@ -100,7 +100,7 @@ def find_tables_and_heads(model):
         for entry in found_here[0] + found_here[1]:
             entry.update(graph=path, body=graph, producer=producer, consumers=consumers)
         for entry in found_here[1]:
-            entry["scores"] = scores_output(entry["node"], producer, consumers, graph)
+            entry["scores"] = scored_output(entry["node"], producer, consumers, graph)  # the output, or None
         tables += found_here[0]
         heads += found_here[1]
     return tables, heads
@@ -122,11 +122,11 @@ def _a_scale(name, producer, depth=8):
         _a_scale(i, producer, depth - 1) for i in node.input if i)
 
 
-def scores_output(node, producer, consumers, body):
-    """Whether the product of head `node` reaches an output of its graph `body` (a branch's output is the If's)
-    through views, Tanh / Softcap and a bias or scale only: a logits head, not a weight of a table's shape inside a
-    layer (whose product meets the hidden state on its way out, a residual Add or a norm, or is transposed into
-    attention heads: a key or value projection to a present output)."""
+def scored_output(node, producer, consumers, body):
+    """The output of its graph `body` that the product of head `node` reaches (a branch's output is the If's)
+    through views, Tanh / Softcap and a bias or scale only, or None: a logits head, not a weight of a table's shape
+    inside a layer (whose product meets the hidden state on its way out, a residual Add or a norm, or is transposed
+    into attention heads: a key or value projection to a present output)."""
     outputs = {o.name for o in body.output}
 
     def onward(step, name):
@@ -137,12 +137,12 @@ def scores_output(node, producer, consumers, body):
     while todo:
         name = todo.pop()
         if name in outputs:
-            return True
+            return name
         if name in seen:
             continue
         seen.add(name)
         todo += [n.output[0] for n in consumers.get(name, []) if n.output and onward(n, name)]
-    return False
+    return None
 
 
 def _find(model, order, producer, consumers, resolve, seen):

@@ -213,4 +213,5 @@ def as_json(info, path=None, verdict=True):
             "pairs": [{k: p[k] for k in ("table", "head", "relation", "wasted_bytes", "max_error_in_scales",
                                          "table_graph", "head_graph")}
                       for p in info["pairs"]],
-            "runtime_copies": info["runtime_copies"], "branch_weights": info["branch_weights"]}
+            "runtime_copies": info["runtime_copies"], "branch_weights": info["branch_weights"],
+            "prefill": info.get("prefill", [])}

@@ -58,7 +58,7 @@ def plan(model, model_path, past=None):
     context = hints["context"]
     lengths = [n for n in LENGTHS if context is None or chosen + n <= context] or [1]
     return {"past": chosen, "lengths": lengths, "head_size": hints["head_size"] or _attention_head_size(model),
-            "why": why}
+            "why": why, "context": context}
 
 
 def _attention_head_size(model):
