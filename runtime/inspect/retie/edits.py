@@ -38,10 +38,13 @@ def unique_name(model, base):
 
 def view_of(graph, model, node, table, anchor, dims):
     """graphs.tie's run-time view of initializer `table`, anchored on `anchor`, inserted before `node`: its name."""
-    prefix = unique_name(model, f"{table}.retie_view") + "_"  # named after the table it serves
+    prefix = unique_name(model, "retie_view") + "_"
     view, constants, _ = unfolded_view(table, anchor, dims, prefix + "table", prefix)
+    named = {name: f"{table}.{name}" for name in constants}  # each constant named after the table it serves
+    for n in view:
+        n.input[:] = [named.get(i, i) for i in n.input]
     for name, values in constants.items():  # in the main graph: a branch reads them from outside, like the table
-        const(model.proto.graph, name, values)
+        const(model.proto.graph, named[name], values)
     at = list(graph.node).index(node)
     for offset, n in enumerate(view):
         graph.node.insert(at + offset, n)

@@ -57,7 +57,8 @@ def _gemm_head(graph, model, node, table, vocab, width):
     graphs.tie's run-time view so that onnxruntime's defaults do not prepack a second copy of it; (output,
     hidden input)."""
     hidden, output = node.input[0], node.output[0]
-    prefix = unique_name(model, f"{table}.retie_head") + "_"
+    prefix = unique_name(model, "retie_head") + "_"
+    named = lambda k, of=table: f"{of}.{prefix}{k}"  # a constant, named after the table it serves
     table = view_of(graph, model, node, table, hidden, [vocab, width])
     if node.op_type in ("Gemm", "FusedMatMul"):
         kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
@@ -69,12 +70,12 @@ def _gemm_head(graph, model, node, table, vocab, width):
     at = list(graph.node).index(node)
     new = [
         helper.make_node("Shape", [hidden], [prefix + "hidden_shape"], name=prefix + "shape"),
-        helper.make_node("Slice", [prefix + "hidden_shape", const(model.proto.graph, prefix + "zero", [0]),
-                                   const(model.proto.graph, prefix + "minus_one", [-1])], [prefix + "lead_dims"],
+        helper.make_node("Slice", [prefix + "hidden_shape", const(model.proto.graph, named("zero"), [0]),
+                                   const(model.proto.graph, named("minus_one"), [-1])], [prefix + "lead_dims"],
                          name=prefix + "lead_dims"),
-        helper.make_node("Concat", [prefix + "lead_dims", const(model.proto.graph, prefix + "vocab", [vocab])],
+        helper.make_node("Concat", [prefix + "lead_dims", const(model.proto.graph, named("vocab"), [vocab])],
                          [prefix + "logits_shape"], name=prefix + "logits_shape", axis=0),
-        helper.make_node("Reshape", [hidden, const(model.proto.graph, prefix + "rows_shape", [-1, width])], [prefix + "rows"],
+        helper.make_node("Reshape", [hidden, const(model.proto.graph, named("rows_shape"), [-1, width])], [prefix + "rows"],
                          name=prefix + "flatten"),
         helper.make_node("Gemm", [prefix + "rows", table], [prefix + "logits_rows"], name=prefix + "tied_head",
                          doc_string=f"tied head: hidden @ {table}^T, read in place (retied by runtime.inspect)",
