@@ -23,10 +23,26 @@ def _entry(kind, table, file, on_disk, in_memory, table_bytes, wasted_on_disk, f
             "fix": fix if why_not is None else None, "why_not": why_not}
 
 
-def _remedies(pairs):
+_PACKED = ("packed_shared", "packed_duplicate")  # remedy()'s int4 forms: MatMulNBits packs the codes at load anyway
+
+WHY_NOT_PACKED = ("MatMulNBits prepacks its own copy of the int4 codes at load, whatever the file holds: no rewrite "
+                  "of the file removes it")
+
+
+def _kind(on_disk, held):
+    """`stored_more_than_once`, `held_more_than_once`, or None where a table is held once."""
+    if on_disk > 1:
+        return "stored_more_than_once"
+    return "held_more_than_once" if held is not None and held > 1 else None
+
+
+def _remedies(pairs, kind):
     """(a fix, or None; why no retie can, or None) for a table's pairs that hold it twice: the fix where remedy()
-    rewrites any of them, else the first reason it gives."""
+    rewrites any of them (but only for the files where an int4 head is what is held twice), else the first reason it
+    gives."""
     found = [remedy(p) for p in pairs]
+    if kind == "held_more_than_once" and any(found) and all(how in _PACKED for how, _ in found if how):
+        return None, WHY_NOT_PACKED
     if any(how for how, _ in found):
         return RETIE, None
     why = next((why for _, why in found if why), None)
@@ -42,13 +58,10 @@ def file_verdict(info, file=None):
     for v in info["vocabulary"]:
         mine = [p for p in info["pairs"] if p["table"] == v["table"] and p["relation"] in ("shared",) + COPIES]
         (on_disk, wasted), held = stored_copies(info["pairs"], v["table"]), v["tables_in_memory"]
-        if on_disk > 1:
-            kind = "stored_more_than_once"
-        elif held is not None and held > 1:
-            kind = "held_more_than_once"
-        else:
+        kind = _kind(on_disk, held)
+        if kind is None:
             continue
-        fix, why = _remedies(mine) if mine else (None, "no head reads it: the copies are onnxruntime's own")
+        fix, why = _remedies(mine, kind) if mine else (None, "no head reads it: the copies are onnxruntime's own")
         found.append(_entry(kind, v["table"], file, on_disk, held, v["bytes"], wasted, fix, why))
     return found + _prefill(info.get("prefill", []), file)
 
@@ -64,17 +77,14 @@ def folder_verdict(result):
             found.append(_entry(v["tie_finding"], v["table"], v["file"], v["copies_on_disk"], held, v["bytes"],
                                 v["wasted_bytes"], None, _WHY_NOT[v["tie_finding"]]))
             continue
-        if v["copies_on_disk"] > 1:
-            kind = "stored_more_than_once"
-        elif held is not None and held > 1:
-            kind = "held_more_than_once"
-        else:
+        kind = _kind(v["copies_on_disk"], held)
+        if kind is None:
             continue
         names = {(it["file"], e["initializer"]) for it, e, _ in v["members"]}
         pairs = [p for it in result["items"] for p in it["info"]["pairs"]
                  if (it["file"], p["table"]) in names and p["relation"] in ("shared",) + COPIES]
         files = {s["file"] for s in v["stored"]}
-        fix, why = _remedies(pairs) if pairs and len(files) == 1 else (RETIE, None)
+        fix, why = _remedies(pairs, kind) if pairs and len(files) == 1 else (RETIE, None)
         found.append(_entry(kind, v["table"], v["file"], v["copies_on_disk"], held, v["bytes"], v["wasted_bytes"],
                             fix, why))
     return found + [e for it in result["items"] for e in _prefill(it["info"].get("prefill", []), it["file"])]
@@ -91,8 +101,3 @@ def _prefill(found, file):
              "wasted_bytes_in_memory": p["logits_bytes"] - p["row_bytes"], "fix": None, "why_not": WHY_NOT_SLICED,
              "prompt_tokens": p["prompt_tokens"], "logits_bytes": p["logits_bytes"], "output": p["output"]}
             for p in found]
-
-
-def failures(verdict):
-    """The entries --check fails on."""
-    return [e for e in verdict if e["kind"] in FAILING]

@@ -223,3 +223,15 @@ def test_a_seq2seq_decoder_and_an_untied_one_at_length_one_are_not_findings(tmp_
     assert not [e for e in findings(tmp_path / "one.onnx", "--static")["verdict"]
                 if e["kind"] == "all_positions_scored"]
     assert run_inspect(tmp_path / "one.onnx", "--prompt-length", "0").returncode == 2
+
+
+def test_an_int4_head_held_twice_by_its_own_kernel_has_no_retie_fix():
+    # failed before: the verdict offered --retie, whose outcome line then said "held twice -> twice"
+    path = os.path.join(FIXTURES, "genai_int4")
+    model = onnx.load(os.path.join(path, "model.onnx"))
+    (head,) = [n for n in model.graph.node if n.op_type == "MatMulNBits" and "lm_head" in n.name]
+    (entry,) = problems(findings(path))
+    assert (entry["kind"], entry["table"], entry["copies_on_disk"], entry["copies_in_memory"]) == (
+        "held_more_than_once", head.input[1], 1, 2)
+    assert entry["fix"] is None and entry["why_not"].startswith("MatMulNBits prepacks its own copy of the int4 codes")
+    assert unwrapped(inspected(path).stdout)[1] == f"  no --retie fix: {entry['why_not']}"

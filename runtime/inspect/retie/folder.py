@@ -202,9 +202,9 @@ def _outcomes(result, out, held):
             per_file = [e["tables_in_memory"] or 1 for e in it["info"]["vocabulary"] if e["table"] in mine]
             extra += max((counted or per_file or [1])[0] - 1, 0)
         after = 1 + extra
-        saved = f"saved {human((v['copies_on_disk'] - on_disk) * v['bytes'])} on disk"
-        if was is not None and was > after:
-            saved += f", {human((was - after) * v['bytes'])} in memory (counted)"
-        yield (f"retie: {v['table']}: stored {times(v['copies_on_disk'])} -> {times(on_disk)}, held "
-               f"{'?' if was is None else times(was)} -> {times(after)} by the client's process under onnxruntime's "
-               f"defaults; {saved}\n")
+        saved = [f"{human((v['copies_on_disk'] - on_disk) * v['bytes'])} on disk"] if v["copies_on_disk"] > on_disk else []
+        saved += [f"{human((was - after) * v['bytes'])} in memory (counted)"] if was is not None and was > after else []
+        stored = (f"stored {times(v['copies_on_disk'])} -> {times(on_disk)}" if v["copies_on_disk"] != on_disk else
+                  f"stored {times(on_disk)}")
+        yield (f"retie: {v['table']}: {stored}, held {'?' if was is None else times(was)} -> {times(after)} by the "
+               f"client's process under onnxruntime's defaults{'; saved ' + ', '.join(saved) if saved else ''}\n")
