@@ -141,10 +141,10 @@ def _memory(sessions, name, vocab, want):
                  + ("which is then freed (its only reader)" if freed else "which stays (the lookup reads it too)"))
     sizes = {n: b for n, _, b in held}
     total = sum(sizes.values()) + sum(size - (sizes[tensor] if freed else 0) for tensor, _, size, freed in packed)
-    why = [r for r, found in (("a float32 copy of the codes", wider), ("buffers kernels prepack", packed)) if found]
+    why = [r for r, found in (("a float32 copy", wider), ("prepacked buffers", packed)) if found]
     claim = f"a session holds {total} bytes of table: {total / want:.2f}x the {want} bytes stored"
-    if total > want and why:  # the check above counts tensors; this counts bytes, and says what adds them
-        claim += f" (one table, but {' and '.join(why)} add bytes)"
+    if total > want and why:  # the check above counts one table; these are the bytes kernels add to it
+        claim = f"{total / want:.2f}x the table's {want} bytes held: {' + '.join(why)}"
     return Check("memory", name, None, line, values={"held": held, "prepacked": packed, "bytes_held": total},
                  info=True, claim=claim)
 
