@@ -166,3 +166,32 @@ def unwrapped(text):
         lines.append(line)
         indents.append(indent)
     return lines
+
+
+PROMPTS = ([1, 2, 3, 4], [17, 250, 3, 99, 400], [511, 7])  # token ids a generating client is given
+
+
+def genai_tokens(folder, new=12, check=True):
+    """Greedy tokens onnxruntime-genai's Generator picks after each prompt, in a child (it holds a session); `check`
+    False: the finished process, whatever its status."""
+    script = f"""
+import json, sys
+import numpy as np
+import onnxruntime_genai as og
+model = og.Model(sys.argv[1])
+tokens = []
+for prompt in {list(PROMPTS)!r}:
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + {new}, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([prompt], dtype=np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    tokens.append([int(t) for t in generator.get_sequence(0)][len(prompt):])
+print(json.dumps(tokens))
+"""
+    done = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True, timeout=300)
+    if not check:
+        return done
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)

@@ -68,11 +68,12 @@ def lines(verdict, vocabulary, where, process, static):
 
 
 def _scored(e, folder):
-    """The lines of an all_positions_scored entry: the bytes of logits a prefill makes, and why no fix yet."""
+    """The lines of an all_positions_scored entry: the bytes of logits a prefill makes, and its fix or why none."""
     where = f" ({e['file']})" if folder else ""
     return [f"{e['table']}{where}: scores all {e['prompt_tokens']} prompt positions: {human(e['logits_bytes'])} of "
             f"logits a prefill, where a generating client reads {human(e['logits_bytes'] - e['wasted_bytes_in_memory'])}",
-            f"  no fix yet: {e['why_not']}"]
+            f"  fix: {e['fix']} (writes a copy whose head scores the last position only)" if e["fix"] else
+            f"  no --retie fix: {e['why_not']}"]
 
 
 def _all_well(vocabulary, process, static):

@@ -111,6 +111,8 @@ def _check_args(args, prog):
         raise UsageError(f"{prog}: error: --retie proves its rewrite in onnxruntime; give it without --static")
     if args.check and args.retie is not None:
         raise UsageError(f"{prog}: error: --check judges the model as it is; give it without --retie")
+    if args.logits_to_keep is not None and args.retie is None:
+        raise UsageError(f"{prog}: error: --logits-to-keep is a rewrite --retie makes; give it with --retie OUT")
     if args.retie is not None:
         (_check_out_folder if os.path.isdir(args.model) else _check_out)(args.retie, args.model)
 
@@ -165,7 +167,7 @@ def _work(args, prog, folder):
             else:
                 folder_report(result, sys.stdout, args.verbose)
             if args.retie is not None:
-                status = retie_folder(result, args.retie, folder, limits, _writer(said, progress))
+                status = retie_folder(result, args.retie, folder, limits, _writer(said, progress), args.logits_to_keep)
                 return _released(said, status)
             return _checked(args, folder_verdict(result))
         info = inspect_model(args.model, folder, limits, args.proof_past, args.static)
@@ -179,7 +181,8 @@ def _work(args, prog, folder):
         if args.retie is None:
             return _checked(args, file_verdict(info, args.model))
         try:
-            return _released(said, retie(info["model"], info, args.retie, folder, limits, say))
+            return _released(said, retie(info["model"], info, args.retie, folder, limits, say,
+                                             args.logits_to_keep))
         finally:
             progress.done()
     except (InspectError, FileExistsError) as e:

@@ -113,6 +113,10 @@ def parser():
                         help="answer from the files alone, without onnxruntime: tables, heads, pairs and the bytes on "
                              "disk; no runtime copies, nothing counted in memory")
     found.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table, with the sidecar files its runtime reads")
+    found.add_argument("--logits-to-keep", type=int, choices=(0, 1), metavar="K",
+                        help="with --retie: add an int64 input num_logits_to_keep (default K, 0 or 1) whose value k "
+                             "keeps the last k prompt positions before a decoder's head (0: all); K=1 for clients that "
+                             "only generate, K=0 for clients that read every position")
     found.add_argument("--timeout", type=positive, metavar="S",
                         help="wall-clock seconds the whole command may take, onnxruntime's steps included; past them "
                              f"it stops with one line and writes nothing (default {isolated.TIMEOUT:g}, and "

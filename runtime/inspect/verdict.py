@@ -1,6 +1,7 @@
 """The answer inspect opens with: one entry per table the files or a client's process hold more than once, or whose
 tie config.json contradicts, with the bytes it wastes and the command that repairs it (or why none can)."""
 from runtime.inspect.findings.counting import COPIES, stored_copies
+from runtime.inspect.retie import keep
 from runtime.inspect.retie.rules import remedy
 
 FAILING = ("held_more_than_once", "stored_more_than_once", "wrong_tie", "lost_tie")  # the kinds --check fails on
@@ -63,7 +64,7 @@ def file_verdict(info, file=None):
             continue
         fix, why = _remedies(mine, kind) if mine else (None, "no head reads it: the copies are onnxruntime's own")
         found.append(_entry(kind, v["table"], file, on_disk, held, v["bytes"], wasted, fix, why))
-    return found + _prefill(info.get("prefill", []), file)
+    return found + _prefill(info, file)
 
 
 def folder_verdict(result):
@@ -87,17 +88,17 @@ def folder_verdict(result):
         fix, why = _remedies(pairs, kind) if pairs and len(files) == 1 else (RETIE, None)
         found.append(_entry(kind, v["table"], v["file"], v["copies_on_disk"], held, v["bytes"], v["wasted_bytes"],
                             fix, why))
-    return found + [e for it in result["items"] for e in _prefill(it["info"].get("prefill", []), it["file"])]
+    return found + [e for it in result["items"] for e in _prefill(it["info"], it["file"])]
 
 
-WHY_NOT_SLICED = "--retie does not slice the head's input to the positions a client reads"
-
-
-def _prefill(found, file):
-    """The `all_positions_scored` entries (informational) of findings.prefill.all_positions' `found`: the logits
-    rows a generating client does not read are the bytes it wastes in memory, at the stated prompt length."""
+def _prefill(info, file):
+    """The `all_positions_scored` entries (informational) of info["prefill"] (findings.prefill.all_positions): the
+    logits rows a generating client does not read are the bytes it wastes in memory, at the stated prompt length;
+    the fix, --retie OUT --logits-to-keep 1, where retie.keep can make one (else why not)."""
+    found = info.get("prefill", [])
+    fix, why = keep.fix(info["model"], info) if found else (None, None)
     return [{"kind": "all_positions_scored", "table": p["head"], "file": file, "copies_on_disk": None,
              "copies_in_memory": None, "wasted_bytes_on_disk": None,
-             "wasted_bytes_in_memory": p["logits_bytes"] - p["row_bytes"], "fix": None, "why_not": WHY_NOT_SLICED,
+             "wasted_bytes_in_memory": p["logits_bytes"] - p["row_bytes"], "fix": fix, "why_not": why,
              "prompt_tokens": p["prompt_tokens"], "logits_bytes": p["logits_bytes"], "output": p["output"]}
             for p in found]

@@ -4,8 +4,6 @@ run models, onnxruntime-genai's Generator, before and after --retie."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import onnxruntime as ort
@@ -13,10 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import graphs
-from tests.helpers import BLOCK, FIXTURES, VOCAB, WIDTH, findings, folded, inspected, relations
-
-PROMPTS = ([1, 2, 3, 4], [17, 250, 3, 99, 400], [511, 7])
-
+from tests.helpers import BLOCK, FIXTURES, PROMPTS, VOCAB, WIDTH, findings, folded, genai_tokens, inspected, relations
 
 def prepacked(data, name):
     return [(c["kernel"], c["bytes"]) for c in data["runtime_copies"] if c.get("view") == "prepacked"
@@ -27,29 +22,6 @@ def entry(path, table=None, timeout=600):
     """The vocabulary entry of `table` (or the first) in `inspect PATH --json` (600 s: tables of real sizes)."""
     vocabulary = json.loads(inspected(path, "--json", timeout=timeout).stdout)["vocabulary"]
     return next(v for v in vocabulary if table in (None, v["table"]))
-
-
-def genai_tokens(folder, new=12):
-    """Greedy tokens onnxruntime-genai's Generator picks after each prompt, in a child (it holds a session)."""
-    script = f"""
-import json, sys
-import numpy as np
-import onnxruntime_genai as og
-model = og.Model(sys.argv[1])
-tokens = []
-for prompt in {list(PROMPTS)!r}:
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + {new}, do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens(np.array([prompt], dtype=np.int32))
-    while not generator.is_done():
-        generator.generate_next_token()
-    tokens.append([int(t) for t in generator.get_sequence(0)][len(prompt):])
-print(json.dumps(tokens))
-"""
-    done = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 # --- copies onnxruntime folds and prepacks ----------------------------------------------------------------------------

@@ -4,8 +4,10 @@ from onnx import helper
 
 PROMPT = 2048  # prompt tokens the cost is stated at, unless the model declares a shorter context
 
+KEEP = "num_logits_to_keep"  # transformers.js's input: how many last positions the head scores (0: all)
 
-def _main_output(model, head):
+
+def main_output(model, head):
     """The main graph's output that head's scores become: its own graph's output where the head is read in the
     main graph, else the output of the If at the place its branch's output takes (a merged decoder), or None."""
     name = head.get("scores")
@@ -32,14 +34,15 @@ def prompt_tokens(info, asked=None):
 def all_positions(info, model, asked=None):
     """[{head, output, prompt_tokens, vocab_size, logits_bytes, row_bytes}]: each logits output of a decoder whose
     head scores every position: its position axis (the one before the vocabulary) is not 1. Empty for a
-    sequence-to-sequence decoder (its prompt is the encoder's, read once)."""
+    sequence-to-sequence decoder (its prompt is the encoder's, read once) and for one a client tells how many
+    positions to score (an input KEEP, as --retie --logits-to-keep adds)."""
     graph = model.proto.graph
-    if any(i.name == "encoder_hidden_states" for i in graph.input):
+    if any(i.name in ("encoder_hidden_states", KEEP) for i in graph.input):
         return []
     outputs, found = {o.name: o for o in graph.output}, {}
     tokens = prompt_tokens(info, asked)
     for head in info["heads"]:
-        out = outputs.get(_main_output(model, head))
+        out = outputs.get(main_output(model, head))
         if out is None or out.name in found or not out.type.HasField("tensor_type"):
             continue
         dims = out.type.tensor_type.shape.dim

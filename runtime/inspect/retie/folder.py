@@ -14,34 +14,41 @@ from runtime.inspect.findings.counting import human, times
 from runtime.inspect.findings.relations import stored_as_table
 from runtime.inspect.read import sidecars
 from runtime.inspect.read.text import InspectError
-from runtime.inspect.retie.rewrite import borrow, planned
-from runtime.inspect.retie.write import proven_in_place, rewritten_line
+from runtime.inspect.retie.rewrite import borrow
+from runtime.inspect.retie import keep as keeps
+from runtime.inspect.retie.write import kept_line, planned_keeping, proven_in_place, rewritten_line
 from runtime.inspect.sandbox import memory
 
 DATA = "model.data"  # the one data file OUT's models share
 
 
-def retie_folder(result, out, scratch, limits, say):
+def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
     """Retie the folder `result` describes (folder.inspect_folder) into the new folder `out`; the exit status: 0
-    written (or nothing to do), 1 a file's proof failed (nothing written)."""
+    written (or nothing to do), 1 a file's proof failed (nothing written). `logits_to_keep`: --logits-to-keep's K,
+    for each file whose head scores every prompt position (retie.keep)."""
     models, changed, held = [], 0, {}
     borrowed, fed = _borrowed_tables(result, say), upstream(result["items"])
+    keeping = _keeping(result["items"], logits_to_keep, say)
     for i, item in enumerate(result["items"]):
         model, info, name = item["model"], item["info"], item["file"]
-        rewritten, sources = planned(model, info, lambda line: say(line.replace("retie: ", f"retie: {name}: ", 1)))
+        rewritten, sources, keep = planned_keeping(model, info, lambda line: say(line.replace(
+            "retie: ", f"retie: {name}: ", 1)), logits_to_keep if name in keeping else None)
         for head, owner, table in borrowed.get(name, []):
             rewritten.append(borrow(model, sources, head, owner["model"], table))
-        if rewritten:
+        if rewritten or keep:
             where = os.path.join(scratch, f"retie{i}")
             os.mkdir(where)
             _, held[name], failures, weights, _ = proven_in_place(
                 model, info, rewritten, sources, where, limits,
-                lambda line: say(line.replace("retie: ", f"retie: {name}: ", 1)), fed[name])
+                lambda line: say(line.replace("retie: ", f"retie: {name}: ", 1)), fed[name], keep=keep)
             if failures:
                 say(f"retie: {name}: " + (failures[0] if failures[0].startswith("failed") else
                                           f"not proven, nothing written: {failures[0]}") + "\n")
                 return 1
-            say(rewritten_line(rewritten, model, info["shape"], f"{name}: ", fed[name], weights))
+            if rewritten:
+                say(rewritten_line(rewritten, model, info["shape"], f"{name}: ", fed[name], weights))
+            if keep:
+                say(kept_line(keep, logits_to_keep, info["shape"], f"{name}: "))
             changed += 1
         else:  # as it is, its external tensors read from their files as they are written
             sources = {t.name: model.tensors[t.name].raw() for t in model.proto.graph.initializer
@@ -74,6 +81,21 @@ def retie_folder(result, out, scratch, limits, say):
     for line in sidecars.copy_into(result["folder"], out, where):
         say(f"retie: {line}\n")
     return 0
+
+
+def _keeping(items, logits_to_keep, say):
+    """The files --logits-to-keep rewrites: each whose head scores every prompt position (a decoder); the others'
+    reasons said where they have a head. InspectError where no file can (nothing written)."""
+    if logits_to_keep is None:
+        return set()
+    why = {it["file"]: keeps.why_not(it["model"], it["info"]) for it in items}
+    for name, reason in why.items():
+        if reason and not reason.startswith("no logits head") and any(w is None for w in why.values()):
+            say(f"retie: {name}: --logits-to-keep left out: {reason}\n")
+    if all(why.values()):
+        reasons = [f"{name}: {reason}" for name, reason in why.items()]
+        raise InspectError(f"--logits-to-keep: no file of the folder can keep the last positions ({'; '.join(reasons)})")
+    return {name for name, reason in why.items() if reason is None}
 
 
 def disk_change(before, after):

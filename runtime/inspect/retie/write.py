@@ -12,49 +12,54 @@ from runtime.inspect.read import sidecars
 from runtime.inspect.read.model import load
 from runtime.inspect.read.text import InspectError
 from runtime.inspect.retie import branches
+from runtime.inspect.retie.keep import GENAI_REFUSES, keep_last
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import isolated, memory
 from runtime.inspect.sandbox.feeds import describe
 from runtime.resident import OWNED_MOST, copies_held, prepacked_copies
 
 
-def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_place=None, out=None):
+def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_place=None, out=None, keep=None):
     """Stage the rewritten model (as `out` beside it, else in `folder`), prove it (isolated) and count the copies a
     session would hold under onnxruntime's defaults: (the graphs.storage.Staged model, {table now: copies held},
     failures: empty when proven, the retied model's figures under the defaults where measured (a single file: `out`
     given), else None); the caller places or discards it. InspectError when the original cannot be run
     on the proof's feeds (nothing about the retie is known). `upstream`: the inputs other files of a folder make
     (proof._fed_from); `in_place`: the weights retie.branches read in place ({name: bytes}), so the original is run
-    with prepacking off and no session may prepack them."""
+    with prepacking off and no session may prepack them; `keep`: retie.keep.keep_last's, the heads that keep the
+    last k positions (the staged model's `kept`: the proof's {"exact"} then, else None)."""
     limits.progress(f"writing the retied model beside {out}, to prove it" if out else
                     "writing the retied model to the scratch folder, to prove it")
     # checked, like everything else, in the child; proven where it is written, and placed as it was proven
     holder = stage(model.proto, out or os.path.join(folder, "retied.onnx"), sources=sources)
     try:
         held, failures, measured = _prove_staged(model, found, rewritten, holder.path, folder, limits, upstream,
-                                                 in_place, measure=out is not None)
+                                                 in_place, measure=out is not None, keep=keep)
     except BaseException:
         holder.discard()
         raise
     return holder, held, failures, measured
 
 
-def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_place, measure):
+def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_place, measure, keep=None):
     """proven()'s proof and count, of the model staged at `staged`: ({table now: copies held}, failures, the
     figures of the proof's session of it under the defaults where `measure` and they stand, else None)."""
     optimized = os.path.join(folder, "retied.optimized.onnx")
     finals = sorted({final for *_, final in rewritten})
     sizes = copy_sizes(model, [{"initializer": final} for final in finals])  # None: its data written too
+    renamed = keep["renamed"] if keep else {}  # the hidden state a head reads, as the original names it
     job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged,
-           "rewritten": rewritten, "rows": found["rows"], "folder": folder, "shape": found["shape"],
+           "rewritten": [(out, renamed.get(hidden, hidden), *rest) for out, hidden, *rest in rewritten], "rows": found["rows"], "folder": folder, "shape": found["shape"],
            "upstream": list(upstream), "in_place": bool(in_place), "layout": optimized, "sizes": sizes,
-           "measure": measure}
+           "measure": measure, "keep": keep and {k: keep[k] for k in ("input", "outputs", "heads")}}
     try:  # the proof's session of the retied model writes its optimized model's layout: no load of its own
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
             raise InspectError(f"{model.path} cannot be proven on this machine, nothing written: "
                                f"{answer['original']} (--proof-past N sets the past length)")
         failures = answer["failures"]
+        if keep is not None:
+            keep["kept"] = answer.get("kept")
         if answer["data"]:  # a tensor of a table's size made: written again with its data, to be compared
             os.remove(optimized)
             isolated.call({"kind": "optimize", "model": staged, "out": optimized, "folder": folder},
@@ -82,13 +87,13 @@ def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_
     return held, failures, figures if figures and answer["owned_bytes"] <= OWNED_MOST else None
 
 
-def proven_in_place(model, found, rewritten, sources, folder, limits, say, upstream=(), out=None):
+def proven_in_place(model, found, rewritten, sources, folder, limits, say, upstream=(), out=None, keep=None):
     """proven(), a merged decoder's shared weights read in place first (branches.in_place); where that is not
     proven, the weights are left as they were and the rest proven alone: (staged, held, failures, the weights read
     in place or {}, proven()'s figures)."""
     weights, undo = branches.in_place(model, found, say)
     staged, held, failures, measured = proven(model, found, rewritten, sources, folder, limits, upstream, weights,
-                                              out)
+                                              out, keep)
     if weights and failures:
         say(f"retie: the weights its branches share are left as they are (read in place: {failures[0]})\n")
         undo()
@@ -96,18 +101,19 @@ def proven_in_place(model, found, rewritten, sources, folder, limits, say, upstr
         weights, alone = {}, os.path.join(folder, "weights_as_they_were")  # apart: nothing is overwritten
         os.mkdir(alone)
         staged, held, failures, measured = proven(model, found, rewritten, sources, alone, limits, upstream,
-                                                  out=out)
+                                                  out=out, keep=keep)
     return staged, held, failures, weights, measured
 
 
-def retie(model, found, out_path, folder, limits, say):
-    """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven."""
-    rewritten, sources = planned(model, found, say)
-    if not rewritten:
+def retie(model, found, out_path, folder, limits, say, logits_to_keep=None):
+    """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven.
+    `logits_to_keep`: --logits-to-keep's K (retie.keep), or None."""
+    rewritten, sources, keep = planned_keeping(model, found, say, logits_to_keep)
+    if not rewritten and not keep:
         say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
     staged, held, failures, weights, measured = proven_in_place(model, found, rewritten, sources, folder, limits,
-                                                                say, out=out_path)
+                                                                say, out=out_path, keep=keep)
     try:
         if failures:
             say(f"retie: {failures[0]}\n" if failures[0].startswith("failed") else
@@ -124,7 +130,10 @@ def retie(model, found, out_path, folder, limits, say):
         staged.discard()
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     size = sum(os.path.getsize(p) for p in written)
-    say(rewritten_line(rewritten, model, found["shape"], weights=weights))
+    if rewritten:
+        say(rewritten_line(rewritten, model, found["shape"], weights=weights))
+    if keep:
+        say(kept_line(keep, logits_to_keep, found["shape"]))
     was = {v["table"]: v for v in found["vocabulary"]}
     for table, original in {final: original for _, _, original, _, final in rewritten}.items():
         say(gained_line(table, held[table], was.get(original), measured.get("defaults"),
@@ -135,6 +144,27 @@ def retie(model, found, out_path, folder, limits, say):
     for line in sidecars.copy_beside(model.path, out_path):
         say(f"retie: {line}\n")
     return 0
+
+
+def planned_keeping(model, found, say, logits_to_keep):
+    """planned(), after retie.keep.keep_last where `logits_to_keep` is given: (rewritten, sources, keep_last's or
+    None). A head's hidden input is then the Slice's output; the proof reads it by the original's name."""
+    keep = None if logits_to_keep is None else keep_last(model, found, logits_to_keep)
+    if keep and logits_to_keep == 1 and sidecars.genai_config(model.path) is not None:
+        say(f"retie: beware: {GENAI_REFUSES}\n")
+    rewritten, sources = planned(model, found, say)
+    return rewritten, sources, keep
+
+
+def kept_line(keep, default, shape, where=""):
+    """The line that says what --logits-to-keep added and what its proof found."""
+    exact = (keep.get("kept") or {}).get("exact")
+    last = ("bit for bit (the kernel computes each row alike)" if exact else
+            "within float32's rounding bound on its dot products")
+    return (f"retie: {where}{', '.join(keep['outputs'])}: input {keep['input']} (int64 scalar, default {default}) "
+            f"keeps the last k positions before the head (0: all); proven on decoder feeds ({describe(shape)}): "
+            f"with 0 every output bit for bit, with 1 the last position's logits {last} and every other output "
+            "bit for bit\n")
 
 
 def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):

@@ -47,6 +47,12 @@ def bounds(olds, head_of, tables):
     return found
 
 
+def last_position(run, names):
+    """`run` with each value of `names` that has a position axis (rank 3 or more, the one before the last) cut to
+    its last position: what a head that keeps one position gives, from the original's run."""
+    return {k: v[..., -1:, :] if k in names and v.ndim >= 3 else v for k, v in run.items()}
+
+
 ULPS_PER_OP = 8  # what one float32 elementwise op adds, each side: 1/2 ulp rounding, MLAS's Tanh a few more
 
 

@@ -99,14 +99,14 @@ def _prove(job):
     from runtime.inspect.sandbox.proof import OriginalFails, prove
     from runtime.resident import owned_bytes
     try:
-        failures, figures = prove(job)
+        failures, figures, kept = prove(job)
     except OriginalFails as e:
         return {"failures": [], "original": str(e)}
     if not job.get("layout"):
-        return {"failures": failures}
+        return {"failures": failures, "kept": kept}
     retied, layout = _proto(job["after"]), _proto(job["layout"])
     return {"failures": failures, "data": _copies_to_compare(retied, layout, job.get("sizes")),
-            "measured": figures, "owned_bytes": owned_bytes(retied, layout)}
+            "measured": figures, "owned_bytes": owned_bytes(retied, layout), "kept": kept}
 
 
 _JOBS = {"optimize": _optimize, "measure": _measure, "measure_together": _measure_together, "prove": _prove}

@@ -94,9 +94,12 @@ class OriginalFails(Exception):
 
 
 def prove(job):
-    """(one-line failures (empty: proven), the retied model's measured figures or None) for job {before, checked (its Model's), after, rewritten: [[output, hidden,
+    """(one-line failures (empty: proven), the retied model's measured figures or None, with job["keep"]
+    {"exact": whether the last position's logits at k = 1 are the original's bit for bit} else None) for job {before, checked (its Model's), after, rewritten: [[output, hidden,
     table, transposed, now]], rows, shape (feeds.plan), folder, in_place (retie.branches read the weights in place:
-    the original is run with prepacking off, as its kernels then read them), layout (where the retied model's
+    the original is run with prepacking off, as its kernels then read them), keep (retie.keep's: the retied model
+    is run at k = 0, every output then the original's, and at k = 1, the logits then the original's last position
+    within the head's bound, everything else bit for bit), layout (where the retied model's
     session writes its optimized model's layout, if anywhere), measure (whether to measure that session: a single
     file's retie)}; OriginalFails when the original
     itself does not run on those feeds. The original is read as checked (isolated.source), never from a file swapped in since."""
@@ -126,21 +129,45 @@ def prove(job):
     # one session of each model, run on every feed set in turn: one load each, one held at a time. The retied model
     # first, as it was staged, nothing shown: its session also writes its optimized model's layout (the copies it
     # holds) and, with job["measure"], is measured after its first run, in this process still fresh
+    keep = job.get("keep")
+    if keep:  # the heads that keep the last k positions: their hidden vectors shown, their tables read for a bound
+        kept_heads = {out: (hidden, table) for out, (hidden, table, _, float_head) in keep["heads"].items()
+                      if float_head}  # a quantized head's last row must be the original's bit for bit
+        watched = sorted(set(watched) | {h for h, _ in kept_heads.values()} |
+                         {o for o in keep["heads"] if o not in {v.name for v in before.proto.graph.output}})
+        for hidden, table, as_table, float_head in keep["heads"].values():
+            if float_head and table not in tables:
+                tables[table] = before.tensors[table].values() if as_table else before.tensors[table].values().T
     session = None
     try:
         session, figures = _retied(job, feeds_only[0])
-        news = list(_runs(session, {}, feeds_only))
+        if keep:  # k = 0 and k = 1 fed: the default, whichever it is, is one of them
+            news = list(_runs(session, {}, [dict(f, **{keep["input"]: np.array(0, np.int64)}) for f in feeds_only]))
+            lasts = list(_runs(session, {}, [dict(f, **{keep["input"]: np.array(1, np.int64)}) for f in feeds_only]))
+        else:
+            news = list(_runs(session, {}, feeds_only))
     except Exception:  # noqa: BLE001 - the retied model refused: unless the original is refused too (OriginalFails)
         session = None
         _originals(job, before, folder, watched, feed_sets)
         raise
     session = None  # let go before the original's opens
     olds = _originals(job, before, folder, watched, feed_sets)
-    failures = []
-    for (sequence, branch, _), old, new, bounds in zip(feed_sets, olds, news, agree.bounds(olds, head_of, tables)):
-        failures += [f"{sequence} new token(s){branch}: {f}"
-                     for f in agree.compare(old, new, head_of, chains, tables, bounds)]
-    return failures, figures
+    failures, every = [], {**head_of, **(kept_heads if keep else {})}
+    all_bounds = agree.bounds(olds, every, tables)
+    for (sequence, branch, _), old, new, bounds in zip(feed_sets, olds, news, all_bounds):
+        said = f"{sequence} new token(s){branch}" + (f", {keep['input']} 0" if keep else "")
+        failures += [f"{said}: {f}" for f in agree.compare(old, new, head_of, chains, tables, bounds)]
+    if not keep:
+        return failures, figures, None
+    last_chains, exact = agree.chains(before, every), True
+    for (sequence, branch, _), old, new, bounds in zip(feed_sets, olds, lasts, all_bounds):
+        old = agree.last_position(old, set(keep["outputs"]) | set(every) | {h for h, _ in every.values()})
+        bounds = {key: b[..., -1:, :] for key, b in bounds.items()}
+        failures += [f"{sequence} new token(s){branch}, {keep['input']} 1: {f}"
+                     for f in agree.compare(old, new, every, last_chains, tables, bounds)]
+        exact = exact and all(name in new and np.array_equal(old[name].view(np.uint8), new[name].view(np.uint8))
+                              for name in keep["outputs"])
+    return failures, figures, {"exact": exact}
 
 
 def _originals(job, before, folder, watched, feed_sets):

@@ -1,0 +1,137 @@
+"""--logits-to-keep K: a decoder's head scores only the last k prompt positions. The transformers.js convention: an
+int64 scalar input `num_logits_to_keep` (an initializer of the same name holds K, its value when a client feeds
+none) whose value k keeps the last k positions of the hidden state before the head; 0 keeps them all. A Slice on
+the sequence axis, start -k: -0 is 0, the whole axis; a k past the prompt's length is clamped to all of it."""
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from runtime.inspect.findings.prefill import KEEP, main_output
+from runtime.inspect.read import sidecars
+from runtime.inspect.read.text import InspectError
+from runtime.inspect.retie.edits import const, unique_name
+
+_SLICED_HEADS = ("MatMul", "FusedMatMul", "MatMulNBits")  # read [batch, sequence, width] and keep its rank
+_ELEMENTWISE = ("Identity", "Cast", "Tanh", "Softcap", "Add", "Sub", "Mul", "Div")  # keep the rank to the output
+
+
+def why_not(model, info):
+    """Why --logits-to-keep cannot slice this model's head (one line), or None: no head scores every prompt
+    position (inspect's prefill finding), the head is not one that keeps the hidden state's rank, or its scores
+    are reshaped on the way to the logits output (the sequence axis is then not known to be the one sliced)."""
+    if KEEP in {i.name for i in model.proto.graph.input} | set(model.tensors):
+        return f"the model already has a tensor named {KEEP}"
+    if not info.get("prefill"):
+        return "no logits head scores every prompt position (nothing to keep)"
+    if model.proto.ir_version < 4:
+        return f"IR version {model.proto.ir_version}: an input's default needs IR 4 or later"
+    for head in _heads(model, info):
+        node = head["node"]
+        if node.op_type not in _SLICED_HEADS and not _flattened_by_retie(head):
+            return (f"the head {head['initializer']} is read by {node.op_type}, which flattens the hidden state: "
+                    f"--logits-to-keep slices the [batch, sequence, width] input of {', '.join(_SLICED_HEADS)}")
+        if not _rank_kept(node, head["consumers"], head["scores"]):
+            return (f"the head {head['initializer']}'s scores are reshaped on the way to {head['scores']}: the "
+                    "sequence axis is not known there")
+    return None
+
+
+FIX = "--retie OUT --logits-to-keep 1"  # the fix, as a user types it
+
+GENAI_REFUSES = ("onnxruntime-genai binds a [batch, sequence, vocab] logits buffer at a prefill and refuses a "
+                 "head that keeps one position (--logits-to-keep 0 runs there, and keeps them all)")
+
+
+def fix(model, info):
+    """(the command that makes this model's head score only the last position, or None; why not, or None)."""
+    why = why_not(model, info)
+    if why is None and sidecars.genai_config(model.path) is not None:
+        why = GENAI_REFUSES
+    return (None, why) if why else (FIX, None)
+
+
+def _heads(model, info):
+    """The head entries whose scores become a logits output that scores every prompt position."""
+    outputs = {p["output"] for p in info.get("prefill", [])}
+    return [h for h in info["heads"] if h.get("scores") and main_output(model, h) in outputs]
+
+
+def _flattened_by_retie(head):
+    """The nodes of a head --retie made (retie.rewrite: Shape and Reshape of the hidden state, Gemm on its rows,
+    Reshape back) that read the [batch, sequence, width] hidden state, or [] where `head` is not such a Gemm."""
+    node, body = head["node"], head["body"]
+    if node.op_type != "Gemm" or not node.name.endswith("tied_head"):
+        return []
+    prefix = node.name[:-len("tied_head")]
+    flatten = next((n for n in body.node if n.name == prefix + "flatten" and n.output[0] == node.input[0]), None)
+    if flatten is None:
+        return []
+    return [n for n in body.node if n.name.startswith(prefix) and flatten.input[0] in n.input]
+
+
+def _rank_kept(node, consumers, output):
+    """Whether head `node`'s product reaches `output` through elementwise ops only (no view changes its rank): the
+    Reshape back to [batch, sequence, vocab] of a head --retie made counts as one."""
+    todo, seen = [node.output[0]], set()
+    while todo:
+        name = todo.pop()
+        if name == output:
+            return True
+        if name in seen:
+            continue
+        seen.add(name)
+        todo += [n.output[0] for n in consumers.get(name, []) if n.output and (
+            n.op_type in _ELEMENTWISE or n.op_type == "Reshape" and n.name.endswith("_unflatten") and
+            name == node.output[0] and node.name.endswith("tied_head"))]
+    return False
+
+
+def keep_last(model, info, default):
+    """Add input KEEP (its default `default`, 0 or 1) to `model.proto` and slice the hidden state each logits head
+    reads (main graph, or each If branch of a merged decoder) to its last k positions; each logits output's
+    position axis becomes `logits_positions`. InspectError where why_not says it cannot. Returns {"input",
+    "outputs": the logits outputs, "heads": {head output: [hidden as the original names it, head initializer,
+    whether stored [vocab, width], float32 or not]}, "renamed": {sliced name: hidden}} for the proof."""
+    why = why_not(model, info)
+    if why:
+        raise InspectError(f"--logits-to-keep: {why}")
+    graph = model.proto.graph
+    prefix = unique_name(model, "keep") + "_"
+    graph.input.append(helper.make_tensor_value_info(KEEP, TensorProto.INT64, []))
+    graph.initializer.append(numpy_helper.from_array(np.array(default, dtype=np.int64), KEEP))
+    start = prefix + "start"  # [-k]: in the main graph, read by a branch from outside
+    graph.node.insert(0, helper.make_node("Neg", [KEEP], [prefix + "minus_k"], name=prefix + "minus_k"))
+    graph.node.insert(1, helper.make_node("Reshape", [prefix + "minus_k", const(graph, prefix + "one", [1])], [start],
+                                          name=prefix + "start"))
+    end, axis = const(graph, prefix + "end", [np.iinfo(np.int64).max]), const(graph, prefix + "axis", [-2])
+    heads, renamed, outputs = {}, {}, set()
+    for number, head in enumerate(_heads(model, info)):
+        body, node = head["body"], head["node"]
+        readers = _flattened_by_retie(head) or [node]  # a head --retie made reads it in two nodes
+        hidden, kept = readers[0].input[0], f"{prefix}{number}_hidden"
+        body.node.insert(min(list(body.node).index(n) for n in readers), helper.make_node(
+            "Slice", [hidden, start, end, axis], [kept], name=f"{prefix}{number}_last_k",
+            doc_string=f"the last {KEEP} positions of {hidden} (0: all), sliced before the head"))
+        for reader in readers:
+            reader.input[:] = [kept if i == hidden else i for i in reader.input]
+        renamed[kept] = hidden
+        quantized = head["format"] != "float32" or "quant" in head
+        # what the head makes of [batch, sequence, width] rows: a head --retie made, its Reshape back to them
+        made = next((n.output[0] for n in body.node if readers[0] is not node and
+                     n.name == node.name[:-len("tied_head")] + "unflatten"), node.output[0])
+        heads[made] = [hidden, head["initializer"], bool(head["as_table"]), not quantized]
+        outputs.add(main_output(model, head))
+        _positions_unknown(body, head["scores"])
+    for value in graph.output:
+        if value.name in outputs:
+            _positions_unknown(graph, value.name)
+    return {"input": KEEP, "outputs": sorted(outputs), "heads": heads, "renamed": renamed}
+
+
+def _positions_unknown(graph, name):
+    """Declare output `name` of `graph` [..., logits_positions, vocab]: its positions are k now, not the prompt's."""
+    for value in graph.output:
+        if value.name == name and value.type.tensor_type.shape.dim:
+            dims = value.type.tensor_type.shape.dim
+            if len(dims) >= 2:
+                dims[-2].Clear()
+                dims[-2].dim_param = "logits_positions"

@@ -1,0 +1,200 @@
+"""--retie OUT --logits-to-keep K (runtime.inspect.retie.keep): an int64 input num_logits_to_keep, default K, whose
+value k keeps the last k positions before the head. Checked here in fresh onnxruntime sessions under the default
+SessionOptions against the original, with float32's bound on the head's dot products computed in this file from
+the hidden state the original's head reads (exposed as an output here) and its weights."""
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.helpers import FIXTURES, FOLDERS, U, findings, genai_tokens, inspected, refused, run_inspect
+
+KEEP = "num_logits_to_keep"
+
+
+def _session(path):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # onnxruntime warns that an input has a default; it is meant to
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _exposing(path, out):
+    """The model at `path` saved to `out` with the hidden state its logits MatMul reads as an output too: (that
+    name, the head's weight [width, vocab] as float64)."""
+    model = onnx.load(path)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    head = producer["logits"]
+    assert head.op_type == "MatMul"
+    model.graph.output.append(helper.make_tensor_value_info(head.input[0], TensorProto.FLOAT, None))
+    onnx.save(model, out)
+    (weight,) = [numpy_helper.to_array(t) for t in model.graph.initializer if t.name == head.input[1]]
+    return head.input[0], weight.astype(np.float64)
+
+
+def _bound(hidden, weight):
+    """Two float32 computations of hidden @ weight each lie within gamma_w sum|h w| of the exact sums."""
+    w = weight.shape[0]
+    gamma = w * U / (1 - w * U)
+    return 2 * gamma * (np.abs(hidden.astype(np.float64)) @ np.abs(weight))
+
+
+def _feeds(session, batch, sequence, past, vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in session.get_inputs():
+        if "ids" in value.name and "position" not in value.name:
+            feeds[value.name] = rng.integers(0, vocab, (batch, sequence)).astype(np.int64)
+        elif value.name == "attention_mask":
+            feeds[value.name] = np.ones((batch, past + sequence), np.int64)
+        elif value.name == "position_ids":
+            feeds[value.name] = np.broadcast_to(np.arange(past, past + sequence), (batch, sequence)).astype(np.int64)
+        elif value.name.startswith("past_key_values"):
+            heads, size = value.shape[1], value.shape[3]
+            feeds[value.name] = rng.standard_normal((batch, heads, past, size)).astype(np.float32)
+        elif value.name == "use_cache_branch":
+            feeds[value.name] = np.array([past > 0])
+        else:
+            raise AssertionError(f"no feed made for {value.name}")
+    return feeds
+
+
+def _same_bits(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def _within(new, old, bound):
+    return new.shape == old.shape and not np.isnan(new).any() and bool(np.all(np.abs(new - old.astype(np.float64))
+                                                                                 <= bound))
+
+
+CASES = {"optimum_gpt2": [(1, 1, 0), (1, 5, 0), (2, 7, 0), (1, 3, 4), (1, 1, 6)],
+         "torchscript_tied": [(1, 1, 0), (1, 5, 0), (2, 9, 0)]}
+PATHS = {"optimum_gpt2": os.path.join(FIXTURES, "optimum_gpt2", "model.onnx"),
+         "torchscript_tied": os.path.join(FIXTURES, "torchscript_tied.onnx")}
+
+
+@pytest.mark.parametrize("name, default", [("optimum_gpt2", 1), ("torchscript_tied", 1), ("optimum_gpt2", 0)])
+def test_the_retied_head_keeps_the_last_k_positions(name, default, tmp_path):
+    out = tmp_path / "kept.onnx"
+    said = inspected(PATHS[name], "--retie", out, "--logits-to-keep", str(default)).stdout
+    assert f"input {KEEP} (int64 scalar, default {default})" in said.replace("\n    ", " ")
+    model = onnx.load(out)
+    (keep,) = [i for i in model.graph.input if i.name == KEEP]
+    assert keep.type.tensor_type.elem_type == TensorProto.INT64 and len(keep.type.tensor_type.shape.dim) == 0
+    (value,) = [numpy_helper.to_array(t) for t in model.graph.initializer if t.name == KEEP]
+    assert value.dtype == np.int64 and value.shape == () and value == default
+    hidden, weight = _exposing(PATHS[name], tmp_path / "exposed.onnx")
+    old, new = _session(tmp_path / "exposed.onnx"), _session(out)
+    assert KEEP not in {i.name for i in new.get_inputs()}  # a default: a client that feeds none is served
+    vocab = weight.shape[1]
+    names = [o.name for o in new.get_outputs()]
+    for batch, sequence, past in CASES[name]:
+        feeds = _feeds(new, batch, sequence, past, vocab)
+        before = dict(zip([o.name for o in old.get_outputs()], old.run(None, feeds)))
+        bound = _bound(before[hidden], weight)
+        runs = {k: dict(zip(names, new.run(None, dict(feeds, **{KEEP: np.array(k, np.int64)})))) for k in (0, 1)}
+        plain = dict(zip(names, new.run(None, feeds)))
+        assert all(_same_bits(plain[n], runs[default][n]) for n in names)  # unfed: the default
+        assert runs[1]["logits"].shape == (batch, 1, vocab) and runs[0]["logits"].shape == (batch, sequence, vocab)
+        assert _within(runs[0]["logits"], before["logits"], bound)
+        assert _within(runs[1]["logits"], before["logits"][:, -1:], bound[:, -1:])
+        for k in (0, 1):  # the present key/values: bit for bit
+            assert all(_same_bits(runs[k][n], before[n]) for n in names if n != "logits")
+
+
+def test_keeping_alone_changes_no_bit_at_zero(tmp_path):
+    # the retied file has nothing left to retie: --logits-to-keep is the only rewrite, so k = 0 is that file
+    retied, kept = tmp_path / "retied.onnx", tmp_path / "kept.onnx"
+    inspected(PATHS["optimum_gpt2"], "--retie", retied)
+    said = inspected(retied, "--retie", kept, "--logits-to-keep", "0").stdout
+    assert "is now the one copy" not in said and f"input {KEEP}" in said
+    hidden, weight = _exposing(PATHS["optimum_gpt2"], tmp_path / "exposed.onnx")
+    old, new, exposed = _session(retied), _session(kept), _session(tmp_path / "exposed.onnx")
+    names = [o.name for o in old.get_outputs()]
+    for batch, sequence, past in CASES["optimum_gpt2"]:
+        feeds = _feeds(old, batch, sequence, past, weight.shape[1])
+        before = dict(zip(names, old.run(None, feeds)))
+        zero, one = (dict(zip(names, new.run(None, dict(feeds, **{KEEP: np.array(k, np.int64)})))) for k in (0, 1))
+        assert all(_same_bits(zero[n], before[n]) for n in names)
+        assert all(_same_bits(one[n], before[n]) for n in names if n != "logits")
+        (h,) = exposed.run([hidden], feeds)
+        assert _within(one["logits"], before["logits"][:, -1:], _bound(h, weight)[:, -1:])
+        assert _same_bits(new.run(None, feeds)[0], zero["logits"])  # the default, 0
+
+
+def test_both_branches_of_a_merged_decoder_keep_the_last_positions(tmp_path):
+    source = os.path.join(FOLDERS, "optimum_gpt2_legacy_merged")
+    retied, kept = tmp_path / "retied", tmp_path / "kept"
+    inspected(source, "--retie", retied)
+    said = inspected(source, "--retie", kept, "--logits-to-keep", "1").stdout.replace("\n    ", " ")
+    assert f"decoder_model_merged.onnx: logits: input {KEEP} (int64 scalar, default 1)" in said
+    model = onnx.load(kept / "decoder_model_merged.onnx")
+    (branching,) = [n for n in model.graph.node if n.op_type == "If"]
+    for branch in branching.attribute:  # the Slice before the head, in each branch
+        assert any(n.op_type == "Slice" and n.name.startswith("keep") for n in branch.g.node), branch.name
+    old, new = _session(retied / "decoder_model_merged.onnx"), _session(kept / "decoder_model_merged.onnx")
+    names = [o.name for o in old.get_outputs()]
+    # the hidden state each branch's head reads, as the legacy pair of files computes it
+    without, weight = _exposing(os.path.join(source, "decoder_model.onnx"), tmp_path / "without.onnx")
+    with_past, _ = _exposing(os.path.join(source, "decoder_with_past_model.onnx"), tmp_path / "with_past.onnx")
+    exposed = {False: (_session(tmp_path / "without.onnx"), without), True: (_session(tmp_path / "with_past.onnx"),
+                                                                              with_past)}
+    for batch, sequence, past in [(1, 1, 0), (1, 6, 0), (2, 3, 0), (1, 1, 5), (1, 4, 2)]:
+        feeds = _feeds(old, batch, sequence, past, weight.shape[1])
+        if past == 0:  # the branch that reads no past still declares one: an empty one
+            feeds = {k: v if not k.startswith("past") else v[:, :, :0] for k, v in feeds.items()}
+        before = dict(zip(names, old.run(None, feeds)))
+        zero, one = (dict(zip(names, new.run(None, dict(feeds, **{KEEP: np.array(k, np.int64)})))) for k in (0, 1))
+        assert all(_same_bits(zero[n], before[n]) for n in names)
+        assert one["logits"].shape == (batch, 1, weight.shape[1])
+        assert all(_same_bits(one[n], before[n]) for n in names if n != "logits")
+        session, hidden = exposed[past > 0]
+        split = {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}}
+        (h,) = session.run([hidden], split)
+        assert _within(one["logits"], before["logits"][:, -1:], _bound(h, weight)[:, -1:])
+
+
+def test_genai_runs_the_zero_default_and_refuses_one_position(tmp_path):
+    source = os.path.join(FIXTURES, "genai_fp32")
+    (zero := tmp_path / "zero").mkdir()
+    (one := tmp_path / "one").mkdir()
+    inspected(os.path.join(source, "model.onnx"), "--retie", zero / "model.onnx", "--logits-to-keep", "0")
+    said = inspected(os.path.join(source, "model.onnx"), "--retie", one / "model.onnx", "--logits-to-keep", "1")
+    assert "beware: onnxruntime-genai binds a [batch, sequence, vocab] logits buffer" in \
+        said.stdout.replace("\n    ", " ")
+    assert genai_tokens(zero) == genai_tokens(source)
+    refused = genai_tokens(one, check=False)  # genai 0.18 pre-allocates the logits of every prompt position
+    assert refused.returncode != 0 and "for output 'logits'" in refused.stderr and "{1,1," in refused.stderr
+
+
+def test_the_verdict_names_the_fix_and_a_kept_model_is_no_finding(tmp_path):
+    (entry,) = [e for e in findings(PATHS["torchscript_tied"])["verdict"] if e["kind"] == "all_positions_scored"]
+    assert entry["fix"] == "--retie OUT --logits-to-keep 1" and entry["why_not"] is None
+    (genai,) = [e for e in findings(os.path.join(FIXTURES, "genai_fp32"))["verdict"]
+                if e["kind"] == "all_positions_scored"]
+    assert genai["fix"] is None and genai["why_not"].startswith("onnxruntime-genai binds")
+    inspected(PATHS["torchscript_tied"], "--retie", tmp_path / "kept.onnx", "--logits-to-keep", "1")
+    kept = findings(tmp_path / "kept.onnx")
+    assert not [e for e in kept["verdict"] if e["kind"] == "all_positions_scored"] and kept["prefill"] == []
+    again = run_inspect(tmp_path / "kept.onnx", "--retie", tmp_path / "again.onnx", "--logits-to-keep", "1")
+    assert refused(again, f"already has a tensor named {KEEP}")
+    assert not os.path.exists(tmp_path / "again.onnx")
+
+
+def test_logits_to_keep_refuses_what_it_cannot_do(tmp_path):
+    alone = run_inspect(PATHS["torchscript_tied"], "--logits-to-keep", "1")
+    assert refused(alone, "--logits-to-keep", "--retie")
+    two = run_inspect(PATHS["torchscript_tied"], "--retie", tmp_path / "x.onnx", "--logits-to-keep", "2")
+    assert two.returncode == 2 and "invalid choice" in two.stderr and not os.path.exists(tmp_path / "x.onnx")
+    seq2seq = run_inspect(os.path.join(FOLDERS, "optimum_t5"), "--retie", tmp_path / "t5", "--logits-to-keep", "1")
+    assert refused(seq2seq, "no file of the folder can keep the last positions")
+    assert not os.path.exists(tmp_path / "t5")
+    model = onnx.load(PATHS["torchscript_tied"])
+    (out,) = model.graph.output
+    out.type.tensor_type.shape.dim[1].dim_value = 1  # one position scored already
+    onnx.save(model, tmp_path / "one.onnx")
+    done = run_inspect(tmp_path / "one.onnx", "--retie", tmp_path / "y.onnx", "--logits-to-keep", "0")
+    assert refused(done, "no logits head scores every prompt position")
