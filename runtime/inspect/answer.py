@@ -71,9 +71,26 @@ def _scored(e, folder):
     """The lines of an all_positions_scored entry: the bytes of logits a prefill makes, and its fix or why none."""
     where = f" ({e['file']})" if folder else ""
     return [f"{e['table']}{where}: scores all {e['prompt_tokens']} prompt positions: {human(e['logits_bytes'])} of "
-            f"logits a prefill, where a generating client reads {human(e['logits_bytes'] - e['wasted_bytes_in_memory'])}",
+            f"logits a prefill, where a generating client reads {human(e['logits_bytes'] - e['wasted_bytes_in_memory'])}"
+            + _timed(e.get("timing")),
             f"  fix: {e['fix']} (writes a copy whose head scores the last position only)" if e["fix"] else
             f"  no --retie fix: {e['why_not']}"]
+
+
+def _timed(timing):
+    """'; the head: 1.2 s of its 3.4 s (35%), one run' from a sandbox.timing measurement, or why none ('' under
+    --static, where nothing runs)."""
+    if not timing:
+        return ""
+    if "why" in timing:
+        return f"; {timing['why']}"
+    run, head = timing["run_seconds"], timing["head_seconds"]
+    share = f" ({100 * head / run:.0f}%)" if run > 0 else ""
+    return f"; the head took {_seconds(head)} of its {_seconds(run)}{share}, one run under onnxruntime's defaults"
+
+
+def _seconds(value):
+    return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
 def _all_well(vocabulary, process, static):

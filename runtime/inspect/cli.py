@@ -15,6 +15,7 @@ from runtime.inspect.findings.prefill import all_positions
 from runtime.inspect.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report
 from runtime.inspect.retie.folder import retie_folder
+from runtime.inspect.sandbox.timing import time_prefill
 from runtime.inspect.retie.write import retie
 from runtime.inspect.sandbox import guard, isolated
 from runtime.inspect.verdict import file_verdict, folder_verdict
@@ -162,6 +163,8 @@ def _work(args, prog, folder):
             progress.done()
             for it in result["items"]:
                 it["info"]["prefill"] = all_positions(it["info"], it["model"], args.prompt_length)
+                if not args.static:
+                    time_prefill(it["model"], it["info"], folder, limits)
             if args.json:
                 sys.stdout.write(json.dumps(folder_json(result), indent=2) + "\n")
             else:
@@ -172,6 +175,8 @@ def _work(args, prog, folder):
             return _checked(args, folder_verdict(result))
         info = inspect_model(args.model, folder, limits, args.proof_past, args.static)
         info["prefill"] = all_positions(info, info["model"], args.prompt_length)
+        if not args.static:
+            time_prefill(info["model"], info, folder, limits)
         progress.done()
         say = _writer(said, progress)
         if args.json:  # json.dumps escapes every control and non-ASCII character itself

@@ -100,5 +100,6 @@ def _prefill(info, file):
     return [{"kind": "all_positions_scored", "table": p["head"], "file": file, "copies_on_disk": None,
              "copies_in_memory": None, "wasted_bytes_on_disk": None,
              "wasted_bytes_in_memory": p["logits_bytes"] - p["row_bytes"], "fix": fix, "why_not": why,
-             "prompt_tokens": p["prompt_tokens"], "logits_bytes": p["logits_bytes"], "output": p["output"]}
+             "prompt_tokens": p["prompt_tokens"], "logits_bytes": p["logits_bytes"], "output": p["output"],
+             "timing": p.get("timing")}
             for p in found]

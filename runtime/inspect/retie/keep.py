@@ -6,7 +6,6 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime.inspect.findings.prefill import KEEP, main_output
-from runtime.inspect.read import sidecars
 from runtime.inspect.read.text import InspectError
 from runtime.inspect.retie.edits import const, unique_name
 
@@ -37,15 +36,9 @@ def why_not(model, info):
 
 FIX = "--retie OUT --logits-to-keep 1"  # the fix, as a user types it
 
-GENAI_REFUSES = ("onnxruntime-genai binds a [batch, sequence, vocab] logits buffer at a prefill and refuses a "
-                 "head that keeps one position (--logits-to-keep 0 runs there, and keeps them all)")
-
-
 def fix(model, info):
     """(the command that makes this model's head score only the last position, or None; why not, or None)."""
     why = why_not(model, info)
-    if why is None and sidecars.genai_config(model.path) is not None:
-        why = GENAI_REFUSES
     return (None, why) if why else (FIX, None)
 
 
@@ -87,8 +80,8 @@ def _rank_kept(node, consumers, output):
 
 def keep_last(model, info, default):
     """Add input KEEP (its default `default`, 0 or 1) to `model.proto` and slice the hidden state each logits head
-    reads (main graph, or each If branch of a merged decoder) to its last k positions; each logits output's
-    position axis becomes `logits_positions`. InspectError where why_not says it cannot. Returns {"input",
+    reads (main graph, or each If branch of a merged decoder) to its last k positions; each logits output declares
+    the default's positions (_positions). InspectError where why_not says it cannot. Returns {"input",
     "outputs": the logits outputs, "heads": {head output: [hidden as the original names it, head initializer,
     whether stored [vocab, width], float32 or not]}, "renamed": {sliced name: hidden}} for the proof."""
     why = why_not(model, info)
@@ -120,18 +113,22 @@ def keep_last(model, info, default):
                      n.name == node.name[:-len("tied_head")] + "unflatten"), node.output[0])
         heads[made] = [hidden, head["initializer"], bool(head["as_table"]), not quantized]
         outputs.add(main_output(model, head))
-        _positions_unknown(body, head["scores"])
+        if body is not graph:
+            _positions(body, head["scores"], None)  # a branch's: as the If's output is declared, and no more
     for value in graph.output:
-        if value.name in outputs:
-            _positions_unknown(graph, value.name)
+        if value.name in outputs and default == 1:
+            _positions(graph, value.name, 1)
     return {"input": KEEP, "outputs": sorted(outputs), "heads": heads, "renamed": renamed}
 
 
-def _positions_unknown(graph, name):
-    """Declare output `name` of `graph` [..., logits_positions, vocab]: its positions are k now, not the prompt's."""
-    for value in graph.output:
-        if value.name == name and value.type.tensor_type.shape.dim:
-            dims = value.type.tensor_type.shape.dim
-            if len(dims) >= 2:
-                dims[-2].Clear()
-                dims[-2].dim_param = "logits_positions"
+def _positions(graph, name, value):
+    """Declare output `name` of `graph` [..., value, vocab] (None: [..., ?, vocab]). The default's own: 1 where it
+    keeps one position (a client that sizes its buffers by the declared shape, as Optimum's IO binding does,
+    sizes them right), and as the original declares it where it keeps them all; fed another k, onnxruntime
+    warns that the shape differs from the declared one."""
+    for output in graph.output:
+        dims = output.type.tensor_type.shape.dim if output.name == name else []
+        if len(dims) >= 2:
+            dims[-2].Clear()
+            if value is not None:
+                dims[-2].dim_value = value

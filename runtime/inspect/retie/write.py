@@ -12,7 +12,7 @@ from runtime.inspect.read import sidecars
 from runtime.inspect.read.model import load
 from runtime.inspect.read.text import InspectError
 from runtime.inspect.retie import branches
-from runtime.inspect.retie.keep import GENAI_REFUSES, keep_last
+from runtime.inspect.retie.keep import keep_last
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import isolated, memory
 from runtime.inspect.sandbox.feeds import describe
@@ -150,8 +150,6 @@ def planned_keeping(model, found, say, logits_to_keep):
     """planned(), after retie.keep.keep_last where `logits_to_keep` is given: (rewritten, sources, keep_last's or
     None). A head's hidden input is then the Slice's output; the proof reads it by the original's name."""
     keep = None if logits_to_keep is None else keep_last(model, found, logits_to_keep)
-    if keep and logits_to_keep == 1 and sidecars.genai_config(model.path) is not None:
-        say(f"retie: beware: {GENAI_REFUSES}\n")
     rewritten, sources = planned(model, found, say)
     return rewritten, sources, keep
 

@@ -109,7 +109,15 @@ def _prove(job):
             "measured": figures, "owned_bytes": owned_bytes(retied, layout), "kept": kept}
 
 
-_JOBS = {"optimize": _optimize, "measure": _measure, "measure_together": _measure_together, "prove": _prove}
+def _prefill(job):
+    """One profiled run of the model at job["tokens"] prompt tokens (runtime.inspect.sandbox.timing)."""
+    from runtime.inspect.sandbox import timing
+    model, folder = _model(job)
+    return timing.run(job, model, folder, _proto(model, folder))
+
+
+_JOBS = {"optimize": _optimize, "measure": _measure, "measure_together": _measure_together, "prove": _prove,
+         "prefill": _prefill}
 
 
 def main(path):

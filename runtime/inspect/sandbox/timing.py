@@ -1,0 +1,97 @@
+"""The head's share of a prefill: the decoder run once on a prompt of the stated length (no past) in the isolated
+child, in a session under onnxruntime's default SessionOptions with its profiler on; the head's kernels' time (the
+nodes whose output is vocabulary-wide) against the whole run's. A run whose head alone would take past MOST_FLOPS
+is not made (the command's own time is the budget); the report says so and how to state a shorter prompt."""
+import glob
+import json
+import os
+
+from runtime.inspect.read.text import InspectError
+from runtime.inspect.sandbox import isolated
+
+MOST_FLOPS = 10**12  # the head's multiply-adds x 2 at the prompt length past which no run is made (~10 s here)
+MOST_SECONDS = 120  # and the most the run may take (or a third of the command's time left, if less)
+
+_MATMULS = ("MatMul", "Gemm", "FusedMatMul", "MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul",
+            "QLinearMatMul", "MatMulIntegerToFloat")
+
+
+def time_prefill(model, info, folder, limits):
+    """Add `timing` to each of info["prefill"] (findings.prefill.all_positions' entries): {"run_seconds",
+    "head_seconds"} of one run at its prompt length, or {"why"}: why none was made (too many multiply-adds for
+    inspect's budget, a run onnxruntime refused, feeds that cannot be made)."""
+    found = info.get("prefill") or []
+    if not found:
+        return
+    tokens = found[0]["prompt_tokens"]
+    widths = {h["initializer"]: h["width"] for h in info["heads"]}
+    flops = sum(2 * tokens * p["vocab_size"] * widths.get(p["head"], 0) for p in found)
+    if flops > MOST_FLOPS:
+        why = (f"not timed: its head alone is {flops / 1e12:.1f} TFLOP at {tokens} positions, past inspect's "
+               f"budget of {MOST_FLOPS / 1e12:g}; --prompt-length N times a shorter prompt")
+        for p in found:
+            p["timing"] = {"why": why}
+        return
+    logits = sum(p["logits_bytes"] for p in found)
+    need, available = model.file_bytes * 5 // 4 + 2 * logits + isolated.GiB // 2, isolated.available_memory()
+    if available and available < need:
+        for p in found:
+            p["timing"] = {"why": f"not timed: a {tokens}-token prefill needs about {need / isolated.GiB:.1f} GiB, "
+                                  f"{available / isolated.GiB:.1f} GiB is available now"}
+        return
+    job = {"kind": "prefill", "checked": model.checked, "rows": info["rows"], "shape": info["shape"],
+           "tokens": tokens, "vocab": sorted({p["vocab_size"] for p in found}), "folder": folder}
+    own = isolated.Limits(min(MOST_SECONDS, limits.remaining() / 3), limits.memory, limits.progress)
+    try:  # its own share of the command's time: a prefill too slow to time leaves the rest theirs
+        timing = isolated.call(job, f"running a {tokens}-token prefill once", own, model.file_bytes)
+    except InspectError as e:  # out of memory, out of its time, refused: said, never the command's failure
+        timing = {"why": f"not timed: {str(e).split(': ', 1)[-1] if isinstance(e, isolated.StepFailed) else e}"}
+    for p in found:
+        p["timing"] = timing
+
+
+def run(job, model, folder, proto):
+    """In the child: one run of `model` (bytes or a path; its data in `folder`) at job["tokens"] new tokens and no
+    past, profiled: {"run_seconds", "head_seconds"}, or {"why"} where its feeds cannot be made."""
+    import onnxruntime as ort
+
+    from runtime.inspect.sandbox.feeds import NoFeeds, shaped_feeds
+    from runtime.runner import read_data_from
+    try:
+        feeds = shaped_feeds(proto, job["rows"], dict(job["shape"], past=0), job["tokens"])
+    except NoFeeds as e:
+        return {"why": f"not timed: {e}"}
+    options = read_data_from(ort.SessionOptions(), folder)  # onnxruntime's defaults, its profiler on
+    options.log_severity_level = 3
+    options.enable_profiling = True
+    options.profile_file_prefix = os.path.join(job["folder"], "prefill_profile")
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    session.run(None, feeds)
+    path = session.end_profiling()
+    del session
+    try:
+        with open(path) as f:
+            events = json.load(f)
+    finally:
+        for leftover in glob.glob(options.profile_file_prefix + "*"):
+            os.remove(leftover)
+    return _shares(events, set(job["vocab"]))
+
+
+def _shares(events, vocab):
+    """{"run_seconds", "head_seconds"} of a profile's last model_run: the kernels whose op is a matmul writing a
+    vocabulary-wide output (its last dim one of `vocab`) are the head's."""
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    if not runs:
+        return {"why": "not timed: onnxruntime's profile holds no run"}
+    last = runs[-1]
+    start, end = last["ts"], last["ts"] + last["dur"]
+    head = 0
+    for e in events:
+        args = e.get("args") or {}
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") or not start <= e["ts"] <= end:
+            continue
+        shapes = [list(s.values())[0] for s in args.get("output_type_shape", []) if s]
+        if args.get("op_name") in _MATMULS and any(s and s[-1] in vocab for s in shapes):
+            head += e["dur"]
+    return {"run_seconds": last["dur"] / 1e6, "head_seconds": head / 1e6}
