@@ -59,21 +59,10 @@ print(json.dumps({"peak_bytes": anonymous, "wall_s": wall, "profile": session.en
 
 
 def _head_seconds(profile, vocab):
-    """The head's kernel seconds in each run of an onnxruntime profile: matmul kernels writing vocab-wide rows."""
-    from runtime.inspect.sandbox.timing import _MATMULS  # the same rule inspect's timing uses
+    """The head's kernel seconds in each run of an onnxruntime profile (inspect's rule: sandbox.timing.runs)."""
+    from runtime.inspect.sandbox.timing import runs
     with open(profile) as f:
-        events = json.load(f)
-    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session"
-                  and e.get("name") == "model_run")
-    heads = [0.0] * len(runs)
-    for e in events:
-        args = e.get("args") or {}
-        shapes = [list(s.values())[0] for s in args.get("output_type_shape", []) if s]
-        if e.get("cat") == "Node" and args.get("op_name") in _MATMULS and any(s and s[-1] == vocab for s in shapes):
-            for i, (start, end) in enumerate(runs):
-                if start <= e["ts"] <= end:
-                    heads[i] += e["dur"] / 1e6
-    return heads
+        return [head for _, head in runs(json.load(f), {vocab})]
 
 
 def _run(path, tokens, vocab, scratch):
@@ -89,8 +78,7 @@ def _run(path, tokens, vocab, scratch):
 
 def _kept(path, scratch):
     """`path` retied with --logits-to-keep 1 by the inspect command, into `scratch`."""
-    out = os.path.join(scratch, "kept", os.path.basename(path))
-    os.makedirs(os.path.dirname(out), exist_ok=True)
+    out = os.path.join(tempfile.mkdtemp(prefix="kept-", dir=scratch), os.path.basename(path))
     done = subprocess.run([sys.executable, "-m", "runtime.inspect", path, "--retie", out, "--logits-to-keep", "1",
                            "--timeout", "3600"], capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:

@@ -72,21 +72,21 @@ def _scored(e, folder):
     where = f" ({e['file']})" if folder else ""
     return [f"{e['table']}{where}: scores all {e['prompt_tokens']} prompt positions: {human(e['logits_bytes'])} of "
             f"logits a prefill, where a generating client reads {human(e['logits_bytes'] - e['wasted_bytes_in_memory'])}"
-            + _timed(e.get("timing")),
+            ] + _timed(e.get("timing")) + [
             f"  fix: {e['fix']} (writes a copy whose head scores the last position only)" if e["fix"] else
             f"  no --retie fix: {e['why_not']}"]
 
 
 def _timed(timing):
-    """'; the head: 1.2 s of its 3.4 s (35%), one run' from a sandbox.timing measurement, or why none ('' under
-    --static, where nothing runs)."""
+    """['  the head: 1.2 s of a 3.4 s prefill (35%), one run ...'] from a sandbox.timing measurement, or why none
+    was made; [] under --static, where nothing runs."""
     if not timing:
-        return ""
+        return []
     if "why" in timing:
-        return f"; {timing['why']}"
+        return [f"  {timing['why']}"]
     run, head = timing["run_seconds"], timing["head_seconds"]
     share = f" ({100 * head / run:.0f}%)" if run > 0 else ""
-    return f"; the head took {_seconds(head)} of its {_seconds(run)}{share}, one run under onnxruntime's defaults"
+    return [f"  the head: {_seconds(head)} of a {_seconds(run)} prefill{share}, one run under onnxruntime's defaults"]
 
 
 def _seconds(value):

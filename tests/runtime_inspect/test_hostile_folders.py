@@ -267,7 +267,7 @@ def test_with_json_a_retie_that_fails_leaves_only_its_error_on_stderr(tmp_path, 
     # failed before issue 37: the retie's own lines reached stderr before its error (3 lines, exit 2)
     from runtime.inspect import cli
 
-    def says_then_fails(result, out, scratch, limits, say):
+    def says_then_fails(result, out, scratch, limits, say, logits_to_keep=None):
         say("retie: a.onnx: planned\n")
         raise InspectError("no space for OUT")
     monkeypatch.setattr(cli, "retie_folder", says_then_fails)

@@ -3,6 +3,7 @@ value k keeps the last k positions before the head. Checked here in fresh onnxru
 SessionOptions against the original, with float32's bound on the head's dot products computed in this file from
 the hidden state the original's head reads (exposed as an output here) and its weights."""
 import os
+import re
 
 import numpy as np
 import onnx
@@ -194,3 +195,28 @@ def test_logits_to_keep_refuses_what_it_cannot_do(tmp_path):
     onnx.save(model, tmp_path / "one.onnx")
     done = run_inspect(tmp_path / "one.onnx", "--retie", tmp_path / "y.onnx", "--logits-to-keep", "0")
     assert refused(done, "no logits head scores every prompt position")
+
+
+# --- the head's share of a prefill (runtime.inspect.sandbox.timing) -----------------------------------------------------
+
+def test_the_head_is_timed_in_one_prefill_at_the_prompt_length():
+    (entry,) = findings(PATHS["torchscript_tied"], "--prompt-length", "512")["prefill"]
+    timing = entry["timing"]
+    assert 0 < timing["head_seconds"] <= timing["run_seconds"], timing
+    report = inspected(PATHS["torchscript_tied"], "--prompt-length", "512").stdout.splitlines()
+    (line,) = [x for x in report if x.startswith("  the head: ")]  # another run: its own figures
+    assert re.fullmatch(r"  the head: [0-9.]+ m?s of a [0-9.]+ m?s prefill \(\d+%\), one run under onnxruntime's "
+                        r"defaults", line), line
+    assert "timing" not in findings(PATHS["torchscript_tied"], "--static")["prefill"][0]
+
+
+def test_a_prefill_past_the_budget_is_not_run_and_says_why(monkeypatch, capsys):
+    import json
+
+    from runtime.inspect import cli
+    from runtime.inspect.sandbox import timing
+    monkeypatch.setattr(timing, "MOST_FLOPS", 2 * 2048 * 256 * 32 - 1)  # the fixture's head at 2048 tokens, less one
+    assert cli.main([PATHS["torchscript_tied"], "--json"], supervised=False) == 0
+    (entry,) = json.loads(capsys.readouterr().out)["prefill"]
+    assert entry["timing"] == {"why": "not timed: its head alone is 33.6 MFLOP at 2048 positions, past inspect's "
+                                      "budget of 33.6 MFLOP; --prompt-length N times a shorter prompt"}

@@ -27,8 +27,8 @@ def time_prefill(model, info, folder, limits):
     widths = {h["initializer"]: h["width"] for h in info["heads"]}
     flops = sum(2 * tokens * p["vocab_size"] * widths.get(p["head"], 0) for p in found)
     if flops > MOST_FLOPS:
-        why = (f"not timed: its head alone is {flops / 1e12:.1f} TFLOP at {tokens} positions, past inspect's "
-               f"budget of {MOST_FLOPS / 1e12:g}; --prompt-length N times a shorter prompt")
+        why = (f"not timed: its head alone is {_flops(flops)} at {tokens} positions, past inspect's budget of "
+               f"{_flops(MOST_FLOPS)}; --prompt-length N times a shorter prompt")
         for p in found:
             p["timing"] = {"why": why}
         return
@@ -48,6 +48,14 @@ def time_prefill(model, info, folder, limits):
         timing = {"why": f"not timed: {str(e).split(': ', 1)[-1] if isinstance(e, isolated.StepFailed) else e}"}
     for p in found:
         p["timing"] = timing
+
+
+def _flops(count):
+    """'1.2 TFLOP', '35.1 GFLOP', '4.2 MFLOP'."""
+    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count / 1e6:.1f} MFLOP"
 
 
 def run(job, model, folder, proto):
@@ -79,19 +87,27 @@ def run(job, model, folder, proto):
 
 
 def _shares(events, vocab):
-    """{"run_seconds", "head_seconds"} of a profile's last model_run: the kernels whose op is a matmul writing a
-    vocabulary-wide output (its last dim one of `vocab`) are the head's."""
-    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
-    if not runs:
+    """{"run_seconds", "head_seconds"} of a profile's last run (runs())."""
+    found = runs(events, vocab)
+    if not found:
         return {"why": "not timed: onnxruntime's profile holds no run"}
-    last = runs[-1]
-    start, end = last["ts"], last["ts"] + last["dur"]
-    head = 0
+    return dict(zip(("run_seconds", "head_seconds"), found[-1]))
+
+
+def runs(events, vocab):
+    """[(run seconds, head seconds)] of each model_run in the events of an onnxruntime profile, in order: the
+    head's are the kernels whose op is a matmul writing vocabulary-wide rows (an output's last dim one of
+    `vocab`), the rule inspect's timing and runtime.bench.prefill share."""
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session"
+                   and e.get("name") == "model_run")
+    heads = [0] * len(spans)
     for e in events:
         args = e.get("args") or {}
-        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") or not start <= e["ts"] <= end:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
             continue
         shapes = [list(s.values())[0] for s in args.get("output_type_shape", []) if s]
         if args.get("op_name") in _MATMULS and any(s and s[-1] in vocab for s in shapes):
-            head += e["dur"]
-    return {"run_seconds": last["dur"] / 1e6, "head_seconds": head / 1e6}
+            for i, (start, end) in enumerate(spans):
+                if start <= e["ts"] <= end:
+                    heads[i] += e["dur"]
+    return [((end - start) / 1e6, head / 1e6) for (start, end), head in zip(spans, heads)]
