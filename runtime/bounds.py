@@ -1,6 +1,6 @@
 """float32's error bounds, the numeric facts compare's checks and inspect's retie proof both stand on: the unit
-roundoff, Higham's gamma_n, and gamma_w * sum|a_i b_i| for every row against every vector, made an upper bound in
-float64."""
+roundoff, Higham's gamma_n, gamma_w * sum|a_i b_i| for every row against every vector, and MatMulNBits' bound
+against the decoded table at its accuracy level, made upper bounds in float64."""
 import numpy as np
 
 U = 2.0**-24  # float32 unit roundoff
@@ -30,3 +30,23 @@ def dot_bounds(rows, vectors, absolute=False):
     return gamma(width) * (vectors @ rows.T) * (1 + 2 * (width + 2) * U64)
 
 
+def quantized_head_bound(hidden, table, block_size, accuracy_level):
+    """Per logit, the float32 bound of MatMulNBits' hidden @ table.T against the exact sum over the decoded table
+    (`table` [vocab, width] float64 values, the reference's decoded codes), for `hidden` [n, width].
+
+    Level 0 decodes each code as code x scale in float32 (one rounding, as embed.dequantize, though perhaps another
+    order: two values within u of one product are within 2u of each other) and sums float32 products:
+    gamma_(w+2) sum|h t|. Level 4 also quantizes h to int8 per block b of the table's blocks, scale s_b =
+    max|h_b| / 127, so each h_i moves by at most s_b / 2 (plus 2u|h_i| for the rounding of s_b and of h_i / s_b);
+    the integer block sums are exact, then scaled and summed in float32 (gamma_(blocks+2) relative):
+    sum_i (s_b(i) / 2 + 2u|h_i|) |t_i| + gamma_(blocks+2) sum|h^ t| + u sum|h t|, with |h^_i| <= |h_i| + that step.
+    """
+    h, t = np.abs(as64(hidden)), np.abs(as64(table))
+    width = t.shape[1]
+    if accuracy_level == 0:
+        return gamma(width + 2) * (h @ t.T) * (1 + 2 * (width + 2) * U64)
+    blocks = width // block_size
+    scale = h.reshape(len(h), blocks, block_size).max(-1) / 127 * (1 + 2 * U)  # the float32 scale, rounded up
+    step = np.repeat(scale / 2, block_size, axis=1) + 2 * U * h  # |h_i - h^_i| at most
+    bound = step @ t.T + gamma(blocks + 2) * ((h + step) @ t.T) + U * (h @ t.T)
+    return bound * (1 + 2 * (width + 2) * U64)  # float64's own rounding of these sums, kept an upper bound

@@ -4,8 +4,8 @@ import numpy as np
 
 import graphs
 from graphs import precision
-from runtime.bounds import dot_bounds
-from runtime.compare.bounds import Check, differing, quantized_head_bound, within
+from runtime.bounds import dot_bounds, quantized_head_bound
+from runtime.compare.bounds import Check, differing, within
 from runtime.resident import prepacked_copies, readers
 
 QUERIES = 64  # neighbour lists compared with float32's for this many query tokens

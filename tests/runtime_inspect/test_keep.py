@@ -158,12 +158,15 @@ def test_both_branches_of_a_merged_decoder_keep_the_last_positions(tmp_path):
         assert _within(one["logits"], before["logits"][:, -1:], _bound(h, weight)[:, -1:])
 
 
-@pytest.mark.parametrize("default", [0, 1])
-def test_genai_generates_the_same_tokens_with_either_default(default, tmp_path):
+@pytest.mark.parametrize("fixture, default", [("genai_fp32", 0), ("genai_fp32", 1), ("genai_int4", 1)])
+def test_genai_generates_the_same_tokens_with_either_default(fixture, default, tmp_path):
     # genai sizes its logits buffer by the output's declared shape: [batch, 1, vocab] with the default 1
-    source = os.path.join(FIXTURES, "genai_fp32")
-    inspected(os.path.join(source, "model.onnx"), "--retie", tmp_path / "model.onnx", "--logits-to-keep",
-              str(default))
+    source = os.path.join(FIXTURES, fixture)
+    said = inspected(os.path.join(source, "model.onnx"), "--retie", tmp_path / "model.onnx", "--logits-to-keep",
+                     str(default)).stdout.replace("\n    ", " ")
+    if fixture == "genai_int4":  # MatMulNBits at one row rounds otherwise than at three here: its bound, or bits
+        assert any(f"with 1 the last position's logits {how}" in said for how in (
+            "within MatMulNBits' bound at its accuracy level", "bit for bit")), said
     (logits,) = [o for o in onnx.load(tmp_path / "model.onnx").graph.output if o.name == "logits"]
     positions = logits.type.tensor_type.shape.dim[1]
     assert (positions.dim_value == 1) if default else (positions.dim_param == "sequence_length")

@@ -2,10 +2,13 @@
 int64 scalar input `num_logits_to_keep` (an initializer of the same name holds K, its value when a client feeds
 none) whose value k keeps the last k positions of the hidden state before the head; 0 keeps them all. A Slice on
 the sequence axis, start -k: -0 is 0, the whole axis; a k past the prompt's length is clamped to all of it."""
+import dataclasses
+
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime.inspect.findings.prefill import KEEP, main_output
+from runtime.inspect.graph.quantized import attribute
 from runtime.inspect.read.text import InspectError
 from runtime.inspect.retie.edits import const, unique_name
 
@@ -83,7 +86,7 @@ def keep_last(model, info, default):
     reads (main graph, or each If branch of a merged decoder) to its last k positions; each logits output declares
     the default's positions (_positions). InspectError where why_not says it cannot. Returns {"input",
     "outputs": the logits outputs, "heads": {head output: [hidden as the original names it, head initializer,
-    whether stored [vocab, width], float32 or not]}, "renamed": {sliced name: hidden}} for the proof."""
+    whether stored [vocab, width], float32 or not, _nbits' or None]}, "renamed": {sliced name: hidden}} for the proof."""
     why = why_not(model, info)
     if why:
         raise InspectError(f"--logits-to-keep: {why}")
@@ -111,7 +114,7 @@ def keep_last(model, info, default):
         # what the head makes of [batch, sequence, width] rows: a head --retie made, its Reshape back to them
         made = next((n.output[0] for n in body.node if readers[0] is not node and
                      n.name == node.name[:-len("tied_head")] + "unflatten"), node.output[0])
-        heads[made] = [hidden, head["initializer"], bool(head["as_table"]), not quantized]
+        heads[made] = [hidden, head["initializer"], bool(head["as_table"]), not quantized, _nbits(head)]
         outputs.add(main_output(model, head))
         if body is not graph:
             _positions(body, head["scores"], None)  # a branch's: as the If's output is declared, and no more
@@ -119,6 +122,16 @@ def keep_last(model, info, default):
         if value.name in outputs and default == 1:
             _positions(graph, value.name, 1)
     return {"input": KEEP, "outputs": sorted(outputs), "heads": heads, "renamed": renamed}
+
+
+def _nbits(head):
+    """What the proof needs to bound a MatMulNBits head's product ({quant: its graph.quantized.Quant's fields,
+    block_size, accuracy_level}), or None for any other head."""
+    node = head["node"]
+    if node.op_type != "MatMulNBits" or "quant" not in head:
+        return None
+    return {"quant": dataclasses.asdict(head["quant"]), "block_size": attribute(node, "block_size", 0),
+            "accuracy_level": attribute(node, "accuracy_level", 0)}
 
 
 def _positions(graph, name, value):

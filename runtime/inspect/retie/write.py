@@ -157,7 +157,9 @@ def planned_keeping(model, found, say, logits_to_keep):
 def kept_line(keep, default, shape, where=""):
     """The line that says what --logits-to-keep added and what its proof found."""
     exact = (keep.get("kept") or {}).get("exact")
+    nbits = any(how for *_, how in keep["heads"].values())
     last = ("bit for bit (the kernel computes each row alike)" if exact else
+            "within MatMulNBits' bound at its accuracy level" if nbits else
             "within float32's rounding bound on its dot products")
     return (f"retie: {where}{', '.join(keep['outputs'])}: input {keep['input']} (int64 scalar, default {default}) "
             f"keeps the last k positions before the head (0: all); proven on decoder feeds ({describe(shape)}): "

@@ -5,8 +5,9 @@ this judges their outputs."""
 import numpy as np
 
 from graphs.arrays import release
-from runtime.bounds import U, dot_bounds
+from runtime.bounds import U, dot_bounds, quantized_head_bound
 from runtime.inspect.findings.shares import scalar_constant
+from runtime.inspect.graph.quantized import Quant, decoded
 from runtime.inspect.graph.scopes import scopes
 from runtime.inspect.read.model import label
 
@@ -45,6 +46,24 @@ def bounds(olds, head_of, tables):
             found[i][hidden, table] = sums[at:at + count].reshape(v.shape[:-1] + sums.shape[-1:])
             at += count
     return found
+
+
+def nbits_bound(model, hidden, how, rows=4096):
+    """Two MatMulNBits products of `hidden` [..., width] with the head `how` describes (retie.keep's: its Quant's
+    fields, block_size, accuracy_level) lie each within runtime.bounds.quantized_head_bound of the exact sum over
+    the decoded table, so within twice it of each other: [..., vocab], the table decoded `rows` tokens at a time."""
+    q = Quant(**how["quant"])
+    vectors = hidden.reshape(-1, hidden.shape[-1])
+    vocab = model.tensors[q.codes].dims[0] if q.blocks else None
+    if vocab is None or vectors.shape[-1] % max(1, how["block_size"]):
+        return None  # not a layout bounded here: the comparison then asks for the bits
+    parts = []
+    for t0 in range(0, vocab, rows):
+        table = decoded(model, q, t0, min(vocab, t0 + rows))
+        if table is None:
+            return None
+        parts.append(quantized_head_bound(vectors, table[0], how["block_size"], how["accuracy_level"]))
+    return 2 * np.concatenate(parts, axis=-1).reshape(hidden.shape[:-1] + (vocab,))
 
 
 def last_position(run, names):
@@ -119,7 +138,8 @@ def _constant_tensor(name, producer, model):
 def compare(old, new, head_of, chains, tables, bounds=None):
     """Failures comparing two runs' outputs: a head's, and what it reaches through a bounded chain (chains), within
     the head's bound (from `bounds`, bounds()' entry for this run, else computed here) times the chain's constant
-    plus ULPS_PER_OP ulps per op on each side; the rest bit for bit."""
+    plus ULPS_PER_OP ulps per op on each side; the rest bit for bit (a head whose bound is neither given nor
+    computable from `tables` too)."""
     failures = [f"output {name!r}: the original has none of that name" for name in new if name not in old]
     for name in (n for n in new if n in old):  # the original's also shows the hidden vectors the bound reads
         a, b = old[name], new[name]
@@ -128,7 +148,7 @@ def compare(old, new, head_of, chains, tables, bounds=None):
             failures.append(f"output {name!r}: {a.shape} {a.dtype} became {b.shape} {b.dtype}")
         elif name in chains and not a.size:
             continue  # a value of the branch that did not run: both sides show it empty
-        elif len(ran) == 1:
+        elif len(ran) == 1 and ((bounds or {}).get(head_of[ran[0][0]]) is not None or head_of[ran[0][0]][1] in tables):
             head, lipschitz, ops = ran[0]
             hidden, table = head_of[head]
             known = (bounds or {}).get((hidden, table))

@@ -131,11 +131,13 @@ def prove(job):
     # holds) and, with job["measure"], is measured after its first run, in this process still fresh
     keep = job.get("keep")
     if keep:  # the heads that keep the last k positions: their hidden vectors shown, their tables read for a bound
-        kept_heads = {out: (hidden, table) for out, (hidden, table, _, float_head) in keep["heads"].items()
-                      if float_head}  # a quantized head's last row must be the original's bit for bit
-        watched = sorted(set(watched) | {h for h, _ in kept_heads.values()} |
+        kept_heads = {out: (hidden, table) for out, (hidden, table, _, float_head, _) in keep["heads"].items()
+                      if float_head}
+        nbits = {out: (hidden, table, how) for out, (hidden, table, _, _, how) in keep["heads"].items()
+                 if how}  # MatMulNBits: bounded against its decoded table; any other quantized head bit for bit
+        watched = sorted(set(watched) | {h for h, *_ in keep["heads"].values()} |
                          {o for o in keep["heads"] if o not in {v.name for v in before.proto.graph.output}})
-        for hidden, table, as_table, float_head in keep["heads"].values():
+        for hidden, table, as_table, float_head, _ in keep["heads"].values():
             if float_head and table not in tables:
                 tables[table] = before.tensors[table].values() if as_table else before.tensors[table].values().T
     session = None
@@ -159,10 +161,15 @@ def prove(job):
         failures += [f"{said}: {f}" for f in agree.compare(old, new, head_of, chains, tables, bounds)]
     if not keep:
         return failures, figures, None
+    every.update({out: (hidden, table) for out, (hidden, table, _) in nbits.items()})
     last_chains, exact = agree.chains(before, every), True
     for (sequence, branch, _), old, new, bounds in zip(feed_sets, olds, lasts, all_bounds):
         old = agree.last_position(old, set(keep["outputs"]) | set(every) | {h for h, _ in every.values()})
         bounds = {key: b[..., -1:, :] for key, b in bounds.items()}
+        for hidden, table, how in nbits.values():
+            found = agree.nbits_bound(before, old[hidden], how) if hidden in old and old[hidden].size else None
+            if found is not None:
+                bounds[hidden, table] = found
         failures += [f"{sequence} new token(s){branch}, {keep['input']} 1: {f}"
                      for f in agree.compare(old, new, every, last_chains, tables, bounds)]
         exact = exact and all(name in new and np.array_equal(old[name].view(np.uint8), new[name].view(np.uint8))
