@@ -8,9 +8,10 @@ retied with --logits-to-keep 1 by the inspect command, and each model and prompt
 under onnxruntime's default SessionOptions with its profiler on: the prefill (no past) once cold, where its peak
 is read as the anonymous memory the run adds (the default CPU arena grows to the most the run holds at once and
 keeps it; file-backed pages, a table read in place from its file, are the weights, not the run's), then once warm,
-where its wall time and the head's kernels' time are read, then three one-token runs for the head's cost at N = 1. Printed: the wall time and peak of after over before, the head's time at N over its time at N = 1, and
-the peak saved against the logits' bytes, as the issue's targets ask: head(2048) <= 1.2 x head(1) after, and the
-peak lower by at least 90 % of the logits' bytes."""
+where its wall time and the head's kernels' time are read, then three one-token runs for the head's cost at N = 1.
+Printed: the wall time and peak of after over before, the head's time at N over its time at N = 1, and the peak
+saved against the logits' bytes, as the issue's targets ask: head(2048) <= 1.2 x head(1) after, and the peak lower
+by at least 90 % of the logits' bytes."""
 import argparse
 import datetime
 import importlib.metadata

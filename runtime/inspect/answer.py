@@ -70,9 +70,9 @@ def lines(verdict, vocabulary, where, process, static):
 def _scored(e, folder):
     """The lines of an all_positions_scored entry: the bytes of logits a prefill makes, and its fix or why none."""
     where = f" ({e['file']})" if folder else ""
+    read = human(e["logits_bytes"] - e["wasted_bytes_in_memory"])
     return [f"{e['table']}{where}: scores all {e['prompt_tokens']} prompt positions: {human(e['logits_bytes'])} of "
-            f"logits a prefill, where a generating client reads {human(e['logits_bytes'] - e['wasted_bytes_in_memory'])}"
-            ] + _timed(e.get("timing")) + [
+            f"logits a prefill, where a generating client reads {read}"] + _timed(e.get("timing")) + [
             f"  fix: {e['fix']} (writes a copy whose head scores the last position only)" if e["fix"] else
             f"  no --retie fix: {e['why_not']}"]
 

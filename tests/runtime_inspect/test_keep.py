@@ -200,7 +200,7 @@ def test_logits_to_keep_refuses_what_it_cannot_do(tmp_path):
     assert refused(done, "no logits head scores every prompt position")
 
 
-# --- the head's share of a prefill (runtime.inspect.sandbox.timing) -----------------------------------------------------
+# --- the head's share of a prefill (runtime.inspect.sandbox.timing) ----------------------------------------------
 
 def test_the_head_is_timed_in_one_prefill_at_the_prompt_length():
     (entry,) = findings(PATHS["torchscript_tied"], "--prompt-length", "512")["prefill"]

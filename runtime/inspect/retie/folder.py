@@ -94,7 +94,8 @@ def _keeping(items, logits_to_keep, say):
             say(f"retie: {name}: --logits-to-keep left out: {reason}\n")
     if all(why.values()):
         reasons = [f"{name}: {reason}" for name, reason in why.items()]
-        raise InspectError(f"--logits-to-keep: no file of the folder can keep the last positions ({'; '.join(reasons)})")
+        raise InspectError("--logits-to-keep: no file of the folder can keep the last positions "
+                           f"({'; '.join(reasons)})")
     return {name for name, reason in why.items() if reason is None}
 
 

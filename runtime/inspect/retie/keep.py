@@ -39,6 +39,7 @@ def why_not(model, info):
 
 FIX = "--retie OUT --logits-to-keep 1"  # the fix, as a user types it
 
+
 def fix(model, info):
     """(the command that makes this model's head score only the last position, or None; why not, or None)."""
     why = why_not(model, info)
@@ -86,7 +87,8 @@ def keep_last(model, info, default):
     reads (main graph, or each If branch of a merged decoder) to its last k positions; each logits output declares
     the default's positions (_positions). InspectError where why_not says it cannot. Returns {"input",
     "outputs": the logits outputs, "heads": {head output: [hidden as the original names it, head initializer,
-    whether stored [vocab, width], float32 or not, _nbits' or None]}, "renamed": {sliced name: hidden}} for the proof."""
+    whether stored [vocab, width], float32 or not, _nbits' or None]}, "renamed": {sliced name: hidden}}, for the
+    proof."""
     why = why_not(model, info)
     if why:
         raise InspectError(f"--logits-to-keep: {why}")

@@ -49,7 +49,8 @@ def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_
     sizes = copy_sizes(model, [{"initializer": final} for final in finals])  # None: its data written too
     renamed = keep["renamed"] if keep else {}  # the hidden state a head reads, as the original names it
     job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged,
-           "rewritten": [(out, renamed.get(hidden, hidden), *rest) for out, hidden, *rest in rewritten], "rows": found["rows"], "folder": folder, "shape": found["shape"],
+           "rewritten": [(out, renamed.get(hidden, hidden), *rest) for out, hidden, *rest in rewritten],
+           "rows": found["rows"], "folder": folder, "shape": found["shape"],
            "upstream": list(upstream), "in_place": bool(in_place), "layout": optimized, "sizes": sizes,
            "measure": measure, "keep": keep and {k: keep[k] for k in ("input", "outputs", "heads")}}
     try:  # the proof's session of the retied model writes its optimized model's layout: no load of its own
