@@ -35,6 +35,15 @@ def check_region(path, name):
     return page
 
 
+def region_or_exit(parser, path, name):
+    """check_region, before minutes of measuring rather than after: an unreadable page or one without the region is
+    `parser`'s one-line error (exit 2)."""
+    try:
+        check_region(path, name)
+    except (OSError, ValueError) as e:
+        parser.error(str(e))
+
+
 def rewrite_region(path, name, text):
     """Rewrite region `name` of the page at `path` with `text`, the rest of the page kept (check_region first)."""
     page = REGION.sub(lambda m: m.group(1) + text + m.group(4) if m.group(2) == name else m.group(0),

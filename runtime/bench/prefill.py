@@ -140,10 +140,7 @@ def main(argv=None):
     if any(n < 1 for n in args.tokens) or args.blocks < 1:
         parser.error("--tokens and --blocks: whole numbers from 1")
     if args.markdown:
-        try:
-            page.check_region(args.markdown, "prefill")  # refused before minutes of measuring, not after
-        except (OSError, ValueError) as e:
-            parser.error(str(e))
+        page.region_or_exit(parser, args.markdown, "prefill")
     scratch = tempfile.mkdtemp(prefix="onnx-lab-prefill-", dir=args.scratch)
     started = datetime.datetime.now(datetime.timezone.utc)
     try:

@@ -156,10 +156,7 @@ def main(argv=None):
     if any(not 0 < gib <= 64 for gib in args.gib):
         parser.error("--gib: each size must be in (0, 64] GiB")
     if args.markdown:
-        try:
-            page.check_region(args.markdown, "scale")  # refused before minutes of measuring, not after
-        except (OSError, ValueError) as e:
-            parser.error(str(e))
+        page.region_or_exit(parser, args.markdown, "scale")
     started = datetime.datetime.now(datetime.timezone.utc)
     figures = []
     for gib in args.gib:
