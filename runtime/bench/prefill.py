@@ -88,9 +88,13 @@ def _kept(path, scratch):
 
 
 def _vocab(path):
+    """The vocabulary of `path`'s `logits` output, as declared; ValueError where it declares none."""
     import onnx
-    (logits,) = [o for o in onnx.load(path, load_external_data=False).graph.output if o.name == "logits"]
-    return logits.type.tensor_type.shape.dim[-1].dim_value
+    found = [o for o in onnx.load(path, load_external_data=False).graph.output if o.name == "logits"]
+    dims = found[0].type.tensor_type.shape.dim if found else []
+    if not dims or dims[-1].dim_value <= 0:
+        raise ValueError(f"{path}: no `logits` output of a fixed vocabulary to measure")
+    return dims[-1].dim_value
 
 
 def measure(name, path, tokens, scratch):
@@ -126,6 +130,22 @@ def lines(results):
     return table, verdicts
 
 
+def _measured(args, scratch):
+    """measure() of each generated shape and each --model, in `scratch`."""
+    results = []
+    for name in args.shapes:
+        vocab, width, hidden = SHAPES[name]
+        path = os.path.join(scratch, name, "model.onnx")
+        os.makedirs(os.path.dirname(path))
+        generate(path, args.blocks, vocab, width, hidden)
+        results += measure(f"{name} {vocab} x {width}, {args.blocks} blocks", path, args.tokens, scratch)
+        shutil.rmtree(os.path.dirname(path))
+    for path in args.model:
+        results += measure(os.path.basename(os.path.dirname(os.path.abspath(path))) or path, path, args.tokens,
+                           scratch)
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m runtime.bench.prefill", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="prompt lengths (default "
@@ -141,20 +161,15 @@ def main(argv=None):
         parser.error("--tokens and --blocks: whole numbers from 1")
     if args.markdown:
         page.region_or_exit(parser, args.markdown, "prefill")
-    scratch = tempfile.mkdtemp(prefix="onnx-lab-prefill-", dir=args.scratch)
+    try:
+        scratch = tempfile.mkdtemp(prefix="onnx-lab-prefill-", dir=args.scratch)
+    except OSError as e:
+        parser.error(f"--scratch: {e.strerror or e}")
     started = datetime.datetime.now(datetime.timezone.utc)
     try:
-        results = []
-        for name in args.shapes:
-            vocab, width, hidden = SHAPES[name]
-            path = os.path.join(scratch, name, "model.onnx")
-            os.makedirs(os.path.dirname(path))
-            generate(path, args.blocks, vocab, width, hidden)
-            results += measure(f"{name} {vocab} x {width}, {args.blocks} blocks", path, args.tokens, scratch)
-            shutil.rmtree(os.path.dirname(path))
-        for path in args.model:
-            results += measure(os.path.basename(os.path.dirname(os.path.abspath(path))) or path, path, args.tokens,
-                               scratch)
+        results = _measured(args, scratch)
+    except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as e:  # a step that failed: one line
+        parser.exit(1, f"{parser.prog}: error: {e}\n")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     table, verdicts = lines(results)

@@ -99,6 +99,9 @@ def test_the_retied_head_keeps_the_last_k_positions(name, default, tmp_path):
         runs = {k: dict(zip(names, new.run(None, dict(feeds, **{KEEP: np.array(k, np.int64)})))) for k in (0, 1)}
         plain = dict(zip(names, new.run(None, feeds)))
         assert all(_same_bits(plain[n], runs[default][n]) for n in names)  # unfed: the default
+        for k, like in ((sequence + 3, 0), (-1, 0)):  # past the prompt: all of it; negative: as 0
+            fed = dict(zip(names, new.run(None, dict(feeds, **{KEEP: np.array(k, np.int64)}))))
+            assert all(_same_bits(fed[n], runs[like][n]) for n in names), k
         assert runs[1]["logits"].shape == (batch, 1, vocab) and runs[0]["logits"].shape == (batch, sequence, vocab)
         assert _within(runs[0]["logits"], before["logits"], bound)
         assert _within(runs[1]["logits"], before["logits"][:, -1:], bound[:, -1:])
@@ -221,5 +224,22 @@ def test_a_prefill_past_the_budget_is_not_run_and_says_why(monkeypatch, capsys):
     monkeypatch.setattr(timing, "MOST_FLOPS", 2 * 2048 * 256 * 32 - 1)  # the fixture's head at 2048 tokens, less one
     assert cli.main([PATHS["torchscript_tied"], "--json"], supervised=False) == 0
     (entry,) = json.loads(capsys.readouterr().out)["prefill"]
-    assert entry["timing"] == {"why": "not timed: its head alone is 33.6 MFLOP at 2048 positions, past inspect's "
-                                      "budget of 33.6 MFLOP; --prompt-length N times a shorter prompt"}
+    why = entry["timing"]["why"]  # the head: 2 x 2048 x 256 x 32 multiply-adds, 33.6 MFLOP
+    assert why.startswith("not timed: a 2048-token prefill is at least ") and "(the head alone 33.6 MFLOP), past " \
+        "inspect's budget of 33.6 MFLOP; --prompt-length N times a shorter one" in why, why
+
+
+def test_the_proof_at_one_position_fails_on_a_row_that_is_not_the_last():
+    # the k = 1 comparison is not vacuous: logits of the first position instead of the last are caught
+    from runtime.inspect.sandbox import agree
+    rng = np.random.default_rng(0)
+    hidden = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    table = rng.standard_normal((16, 8)).astype(np.float32)
+    logits = hidden @ table.T
+    old = {"logits": logits, "hidden": hidden}
+    last = agree.last_position(old, {"logits", "hidden"})
+    assert last["logits"].shape == (1, 1, 16) and np.array_equal(last["hidden"], hidden[:, -1:])
+    chains = {"logits": [("logits", 1.0, 0)]}
+    heads = {"logits": ("hidden", "table")}
+    assert agree.compare(last, {"logits": logits[:, -1:]}, heads, chains, {"table": table}) == []
+    assert agree.compare(last, {"logits": logits[:, :1]}, heads, chains, {"table": table}) != []

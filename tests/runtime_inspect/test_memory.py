@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import graphs
 from tests.helpers import BLOCK, FIXTURES, PROMPTS, VOCAB, WIDTH, findings, folded, genai_tokens, inspected, relations
 
+
 def prepacked(data, name):
     return [(c["kernel"], c["bytes"]) for c in data["runtime_copies"] if c.get("view") == "prepacked"
             and c["copy_of"] == name]

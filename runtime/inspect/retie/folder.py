@@ -48,7 +48,7 @@ def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
             if rewritten:
                 say(rewritten_line(rewritten, model, info["shape"], f"{name}: ", fed[name], weights))
             if keep:
-                say(kept_line(keep, logits_to_keep, info["shape"], f"{name}: "))
+                say(kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(h for _, h, *_ in rewritten)))
             changed += 1
         else:  # as it is, its external tensors read from their files as they are written
             sources = {t.name: model.tensors[t.name].raw() for t in model.proto.graph.initializer

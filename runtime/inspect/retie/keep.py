@@ -1,7 +1,8 @@
 """--logits-to-keep K: a decoder's head scores only the last k prompt positions. The transformers.js convention: an
 int64 scalar input `num_logits_to_keep` (an initializer of the same name holds K, its value when a client feeds
 none) whose value k keeps the last k positions of the hidden state before the head; 0 keeps them all. A Slice on
-the sequence axis, start -k: -0 is 0, the whole axis; a k past the prompt's length is clamped to all of it."""
+the sequence axis, start -max(k, 0): -0 is 0, the whole axis (a negative k too); a k past the prompt's length is
+clamped to all of it."""
 import dataclasses
 
 import numpy as np
@@ -28,6 +29,9 @@ def why_not(model, info):
         return f"IR version {model.proto.ir_version}: an input's default needs IR 4 or later"
     for head in _heads(model, info):
         node = head["node"]
+        if node.op_type == "FusedMatMul" and (attribute(node, "transA", 0) or attribute(node, "transBatchA", 0)):
+            return (f"the head {head['initializer']} is a FusedMatMul reading its hidden state transposed: the "
+                    "sequence axis is not the one --logits-to-keep slices")
         if node.op_type not in _SLICED_HEADS and not _flattened_by_retie(head):
             return (f"the head {head['initializer']} is read by {node.op_type}, which flattens the hidden state: "
                     f"--logits-to-keep slices the [batch, sequence, width] input of {', '.join(_SLICED_HEADS)}")
@@ -96,9 +100,11 @@ def keep_last(model, info, default):
     prefix = unique_name(model, "keep") + "_"
     graph.input.append(helper.make_tensor_value_info(KEEP, TensorProto.INT64, []))
     graph.initializer.append(numpy_helper.from_array(np.array(default, dtype=np.int64), KEEP))
-    start = prefix + "start"  # [-k]: in the main graph, read by a branch from outside
-    graph.node.insert(0, helper.make_node("Neg", [KEEP], [prefix + "minus_k"], name=prefix + "minus_k"))
-    graph.node.insert(1, helper.make_node("Reshape", [prefix + "minus_k", const(graph, prefix + "one", [1])], [start],
+    start = prefix + "start"  # [-max(k, 0)]: in the main graph, read by a branch from outside
+    graph.node.insert(0, helper.make_node("Max", [KEEP, const(graph, prefix + "zero", 0)], [prefix + "k"],
+                                          name=prefix + "k", doc_string="a negative k keeps every position, as 0"))
+    graph.node.insert(1, helper.make_node("Neg", [prefix + "k"], [prefix + "minus_k"], name=prefix + "minus_k"))
+    graph.node.insert(2, helper.make_node("Reshape", [prefix + "minus_k", const(graph, prefix + "one", [1])], [start],
                                           name=prefix + "start"))
     end, axis = const(graph, prefix + "end", [np.iinfo(np.int64).max]), const(graph, prefix + "axis", [-2])
     heads, renamed, outputs = {}, {}, set()
@@ -108,7 +114,8 @@ def keep_last(model, info, default):
         hidden, kept = readers[0].input[0], f"{prefix}{number}_hidden"
         body.node.insert(min(list(body.node).index(n) for n in readers), helper.make_node(
             "Slice", [hidden, start, end, axis], [kept], name=f"{prefix}{number}_last_k",
-            doc_string=f"the last {KEEP} positions of {hidden} (0: all), sliced before the head"))
+            doc_string=f"the last {KEEP} positions of {hidden} (0: all), sliced before the head; {KEEP} is an "
+                       "input with a default so that a client may ask for every position (perplexity) or the last"))
         for reader in readers:
             reader.input[:] = [kept if i == hidden else i for i in reader.input]
         renamed[kept] = hidden

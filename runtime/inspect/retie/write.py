@@ -92,7 +92,8 @@ def proven_in_place(model, found, rewritten, sources, folder, limits, say, upstr
     """proven(), a merged decoder's shared weights read in place first (branches.in_place); where that is not
     proven, the weights are left as they were and the rest proven alone: (staged, held, failures, the weights read
     in place or {}, proven()'s figures)."""
-    weights, undo = branches.in_place(model, found, say)
+    weights, undo = branches.in_place(model, found, say) if rewritten else ({}, lambda: None)  # --logits-to-keep
+    # alone leaves the weights as they are: its k = 0 is then the original as users run it, bit for bit
     staged, held, failures, measured = proven(model, found, rewritten, sources, folder, limits, upstream, weights,
                                               out, keep)
     if weights and failures:
@@ -134,7 +135,7 @@ def retie(model, found, out_path, folder, limits, say, logits_to_keep=None):
     if rewritten:
         say(rewritten_line(rewritten, model, found["shape"], weights=weights))
     if keep:
-        say(kept_line(keep, logits_to_keep, found["shape"]))
+        say(kept_line(keep, logits_to_keep, found["shape"], retied=any(h for _, h, *_ in rewritten)))
     was = {v["table"]: v for v in found["vocabulary"]}
     for table, original in {final: original for _, _, original, _, final in rewritten}.items():
         say(gained_line(table, held[table], was.get(original), measured.get("defaults"),
@@ -155,8 +156,12 @@ def planned_keeping(model, found, say, logits_to_keep):
     return rewritten, sources, keep
 
 
-def kept_line(keep, default, shape, where=""):
-    """The line that says what --logits-to-keep added and what its proof found."""
+AS_RETIED = "as the original (the retied logits within their bound)"  # k = 0, a head retied in the same run
+
+
+def kept_line(keep, default, shape, where="", retied=False):
+    """The line that says what --logits-to-keep added and what its proof found; `retied`: a head was retied in the
+    same run (its logits then within their bound at k = 0 too)."""
     exact = (keep.get("kept") or {}).get("exact")
     nbits = any(how for *_, how in keep["heads"].values())
     last = ("bit for bit (the kernel computes each row alike)" if exact else
@@ -164,8 +169,8 @@ def kept_line(keep, default, shape, where=""):
             "within float32's rounding bound on its dot products")
     return (f"retie: {where}{', '.join(keep['outputs'])}: input {keep['input']} (int64 scalar, default {default}) "
             f"keeps the last k positions before the head (0: all); proven on decoder feeds ({describe(shape)}): "
-            f"with 0 every output bit for bit, with 1 the last position's logits {last} and every other output "
-            "bit for bit\n")
+            f"with 0 every output {AS_RETIED if retied else 'bit for bit'}, with 1 the last position's logits {last} "
+            "and every other output bit for bit\n")
 
 
 def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):

@@ -95,14 +95,15 @@ class OriginalFails(Exception):
 
 def prove(job):
     """(one-line failures (empty: proven), the retied model's measured figures or None, with job["keep"]
-    {"exact": whether the last position's logits at k = 1 are the original's bit for bit} else None) for job {before, checked (its Model's), after, rewritten: [[output, hidden,
-    table, transposed, now]], rows, shape (feeds.plan), folder, in_place (retie.branches read the weights in place:
-    the original is run with prepacking off, as its kernels then read them), keep (retie.keep's: the retied model
-    is run at k = 0, every output then the original's, and at k = 1, the logits then the original's last position
-    within the head's bound, everything else bit for bit), layout (where the retied model's
-    session writes its optimized model's layout, if anywhere), measure (whether to measure that session: a single
-    file's retie)}; OriginalFails when the original
-    itself does not run on those feeds. The original is read as checked (isolated.source), never from a file swapped in since."""
+    {"exact": whether the last position's logits at k = 1 are the original's bit for bit} else None) for job
+    {before, checked (its Model's), after, rewritten: [[output, hidden, table, transposed, now]], rows, shape
+    (feeds.plan), folder, in_place (retie.branches read the weights in place: the original is run with prepacking
+    off, as its kernels then read them), keep (retie.keep's: the retied model is run at k = 0, every output then
+    the original's, and at k = 1, the logits then the original's last position within the head's bound,
+    everything else bit for bit), layout (where the retied model's session writes its optimized model's layout,
+    if anywhere), measure (whether to measure that session: a single file's retie)}; OriginalFails when the
+    original itself does not run on those feeds. The original is read as checked (isolated.source), never from a
+    file swapped in since."""
     data, folder = source(job["checked"])
     before = load(job["before"], folder, data=data)
     del data
@@ -154,7 +155,7 @@ def prove(job):
         raise
     session = None  # let go before the original's opens
     olds = _originals(job, before, folder, watched, feed_sets)
-    failures, every = [], {**head_of, **(kept_heads if keep else {})}
+    failures, every = [], {**(kept_heads if keep else {}), **head_of}  # a retied head's bound: its table's
     all_bounds = agree.bounds(olds, every, tables)
     for (sequence, branch, _), old, new, bounds in zip(feed_sets, olds, news, all_bounds):
         said = f"{sequence} new token(s){branch}" + (f", {keep['input']} 0" if keep else "")

@@ -1,7 +1,8 @@
 """The head's share of a prefill: the decoder run once on a prompt of the stated length (no past) in the isolated
 child, in a session under onnxruntime's default SessionOptions with its profiler on; the head's kernels' time (the
-nodes whose output is vocabulary-wide) against the whole run's. A run whose head alone would take past MOST_FLOPS
-is not made (the command's own time is the budget); the report says so and how to state a shorter prompt."""
+nodes whose output is vocabulary-wide) against the whole run's. A run past MOST_FLOPS (its head's, or each weight
+used once a token) is not made (the command's own time is the budget); the report says so and how to state a
+shorter prompt."""
 import glob
 import json
 import os
@@ -9,7 +10,8 @@ import os
 from runtime.inspect.read.text import InspectError
 from runtime.inspect.sandbox import isolated
 
-MOST_FLOPS = 10**12  # the head's multiply-adds x 2 at the prompt length past which no run is made (~10 s here)
+MOST_FLOPS = 10**12  # multiply-adds x 2 of the prefill (its head, or every weight once a token) past which no run is
+# made: ~10 s on this 2-core machine
 MOST_SECONDS = 120  # and the most the run may take (or a third of the command's time left, if less)
 
 _MATMULS = ("MatMul", "Gemm", "FusedMatMul", "MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul",
@@ -25,10 +27,11 @@ def time_prefill(model, info, folder, limits):
         return
     tokens = found[0]["prompt_tokens"]
     widths = {h["initializer"]: h["width"] for h in info["heads"]}
-    flops = sum(2 * tokens * p["vocab_size"] * widths.get(p["head"], 0) for p in found)
-    if flops > MOST_FLOPS:
-        why = (f"not timed: its head alone is {_flops(flops)} at {tokens} positions, past inspect's budget of "
-               f"{_flops(MOST_FLOPS)}; --prompt-length N times a shorter prompt")
+    head = sum(2 * tokens * p["vocab_size"] * widths.get(p["head"], 0) for p in found)
+    weights = 2 * tokens * sum(t.elements for t in model.tensors.values())  # each weight used once a token, at least
+    if max(head, weights) > MOST_FLOPS:
+        why = (f"not timed: a {tokens}-token prefill is at least {_flops(max(head, weights))} (the head alone "
+               f"{_flops(head)}), past inspect's budget of {_flops(MOST_FLOPS)}; --prompt-length N times a shorter one")
         for p in found:
             p["timing"] = {"why": why}
         return
@@ -41,11 +44,16 @@ def time_prefill(model, info, folder, limits):
         return
     job = {"kind": "prefill", "checked": model.checked, "rows": info["rows"], "shape": info["shape"],
            "tokens": tokens, "vocab": sorted({p["vocab_size"] for p in found}), "folder": folder}
-    own = isolated.Limits(min(MOST_SECONDS, limits.remaining() / 3), limits.memory, limits.progress)
+    seconds = min(MOST_SECONDS, limits.remaining() / 3)
+    own = isolated.Limits(seconds, limits.memory, limits.progress)
     try:  # its own share of the command's time: a prefill too slow to time leaves the rest theirs
         timing = isolated.call(job, f"running a {tokens}-token prefill once", own, model.file_bytes)
     except InspectError as e:  # out of memory, out of its time, refused: said, never the command's failure
-        timing = {"why": f"not timed: {str(e).split(': ', 1)[-1] if isinstance(e, isolated.StepFailed) else e}"}
+        if own.remaining() <= 0.001:
+            why = f"not timed: the run took past its own budget of {seconds:.0f} s"
+        else:
+            why = f"not timed: {str(e).split(': ', 1)[-1] if isinstance(e, isolated.StepFailed) else e}"
+        timing = {"why": why}
     for p in found:
         p["timing"] = timing
 
@@ -61,6 +69,7 @@ def _flops(count):
 def run(job, model, folder, proto):
     """In the child: one run of `model` (bytes or a path; its data in `folder`) at job["tokens"] new tokens and no
     past, profiled: {"run_seconds", "head_seconds"}, or {"why"} where its feeds cannot be made."""
+    import numpy as np
     import onnxruntime as ort
 
     from runtime.inspect.sandbox.feeds import NoFeeds, shaped_feeds
@@ -69,6 +78,8 @@ def run(job, model, folder, proto):
         feeds = shaped_feeds(proto, job["rows"], dict(job["shape"], past=0), job["tokens"])
     except NoFeeds as e:
         return {"why": f"not timed: {e}"}
+    if "use_cache_branch" in feeds:  # a merged decoder's prefill: the branch that reads no past
+        feeds["use_cache_branch"] = np.zeros_like(feeds["use_cache_branch"])
     options = read_data_from(ort.SessionOptions(), folder)  # onnxruntime's defaults, its profiler on
     options.log_severity_level = 3
     options.enable_profiling = True
