@@ -36,13 +36,18 @@ def _write_atomic(path, data):
 
 
 def _prepare(lab):
-    """Make LAB_DIR exist and be ours: empty, or an environment already."""
+    """Make LAB_DIR exist and be writable."""
     try:
         os.makedirs(lab, exist_ok=True)
     except OSError as e:
         raise BuildError(f"cannot create {lab} ({e.strerror}); set ONNX_LAB to a writable folder") from None
     if not os.access(lab, os.W_OK | os.X_OK):
         raise BuildError(f"cannot write to {lab}; set ONNX_LAB to a writable folder")
+
+
+def _check_ours(lab):
+    """LAB_DIR must be empty or an environment already. A build in progress elsewhere shows its folders
+    before venv writes pyvenv.cfg, so where its .lock exists this is asked again under the lock."""
     ours = {".lock", STAMP, FREEZE, LOG}
     entries = set(os.listdir(lab)) - ours
     if entries and "pyvenv.cfg" not in entries:
@@ -61,8 +66,11 @@ def build(lab, requirements):
     wanted = _read(requirements)
     if wanted is None:
         raise BuildError(f"{requirements} is missing")
+    if ".lock" not in os.listdir(lab):
+        _check_ours(lab)  # a folder that is not ours is refused before a lock file is added to it
     with open(os.path.join(lab, ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second first run waits here, then finds the work done
+        _check_ours(lab)
         python = os.path.join(lab, "bin", "python")
         if os.access(python, os.X_OK) and _read(os.path.join(lab, STAMP)) == wanted:
             return

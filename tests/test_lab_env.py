@@ -1,5 +1,6 @@
 """The lab_env/python wrapper, exercised in temporary locations with a tiny hand-made wheel (no registry)."""
 import base64
+import fcntl
 import hashlib
 import os
 import shutil
@@ -124,8 +125,26 @@ def test_lab_env_two_first_runs_at_once(repo, tmp_path):
     procs = [subprocess.Popen([str(repo / "lab_env" / "python"), *VERSION], env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
-    assert [(out, rc) for out, _, rc in results] == [("1.0\n", 0), ("1.0\n", 0)]
+    assert [(out, rc) for out, _, rc in results] == [("1.0\n", 0), ("1.0\n", 0)], results
     assert sum("building" in err for _, err, _ in results) == 1  # one built, the other waited
+
+
+@pytest.mark.slow
+def test_lab_env_waits_for_a_build_in_progress_before_judging_the_folder(repo, tmp_path):
+    # A build in progress holds the lock and has made bin/ but not yet pyvenv.cfg: a second first run
+    # must wait for it, not call the half-made folder foreign.
+    lab = tmp_path / "lab"
+    (lab / "bin").mkdir(parents=True)
+    with open(lab / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        env = dict(os.environ, ONNX_LAB=str(lab))
+        waiting = subprocess.Popen([str(repo / "lab_env" / "python"), *VERSION], env=env, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=3)  # blocked on the lock, not refused
+        (lab / "bin").rmdir()  # the other build failed and cleaned up; the lock goes with the block
+    out, err = waiting.communicate(timeout=300)
+    assert (out, waiting.returncode) == ("1.0\n", 0), err
 
 
 @pytest.mark.slow
