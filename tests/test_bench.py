@@ -81,6 +81,14 @@ def test_the_report_has_every_section(pieces, section):
     assert section in bench.report(pieces)
 
 
+def test_the_package_names_stay_functions_whoever_imports_a_submodule_first():
+    # a fresh process: markdown imports the report's module before anyone asks the package for `report`
+    script = ("import runtime.bench.markdown, runtime.bench.cli; from runtime import bench; "
+              "print(callable(bench.report), callable(bench.targets), callable(bench.main))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "True True True\n"), done.stderr
+
+
 def known_figures(over=None):
     """A results dict whose figures meet every target, with `over` {(section, index, key): value} changed."""
     results = {

@@ -18,8 +18,8 @@ from runtime.bench.formats import bench_formats
 from runtime.bench.head import bench_floor, bench_head
 from runtime.bench.lookups import bench_format_lookups, bench_lookups, bench_packed_rows
 from runtime.bench.memory import bench_memory
-from runtime.bench.report import plot, plot_formats, report
 from runtime.bench.scale import bench_scale
+from runtime.bench.summary import plot, plot_formats, report
 from runtime.bench.timing import stage
 
 

@@ -8,7 +8,8 @@ import os
 
 from runtime.bench.page import REGION, stamp, table
 from runtime.bench.scale import markdown_table as scale
-from runtime.bench.report import targets as judged
+from runtime.bench.summary import targets as judged
+
 
 def _size(r):
     return f"{r['vocab']} × {r['width']}"
