@@ -43,10 +43,10 @@ def test_blocks_bring_the_model_near_its_size():
 def test_the_scale_section_runs_every_command(form, tmp_path):
     figures = scale.run_size(0.0001, form, str(tmp_path), **DIMS)
     assert {k: f["status"] for k, f in figures.items() if k != "size_bytes"} == {
-        "baseline": 0, "inspect": 0, "static": 0, "retie": 0}
+        "baseline": 0, "inspect": 0, "static": 0, "retie": 0, **({"keep": 0} if form == "torchscript" else {})}
     assert all(f["peak_bytes"] > 0 for k, f in figures.items() if k != "size_bytes")
     lines = list(scale.lines(figures))
-    assert len(lines) == 4 and lines[1].lstrip().startswith("inspect") and "x (target" in lines[1]
+    assert len(lines) == len(figures) - 1 and lines[1].lstrip().startswith("inspect") and "x (target" in lines[1]
 
 
 def test_the_scale_region_is_kept_without_figures_and_written_with_them():
@@ -57,9 +57,10 @@ def test_the_scale_region_is_kept_without_figures_and_written_with_them():
     figure = {"wall_s": 2.0, "peak_bytes": 2 * 2**30, "status": 0, "error": None}
     run["scale"] = [{"size_bytes": 3 * 2**30, "form": "torchscript", "baseline": figure,
                      "inspect": dict(figure, wall_s=5.0, peak_bytes=3 * 2**29), "static": dict(figure, wall_s=0.5),
-                     "retie": dict(figure, wall_s=9.0, status=1)}]
+                     "retie": dict(figure, wall_s=9.0, status=1), "keep": dict(figure, wall_s=10.0)}]
     rows = [line for line in markdown.render(run, page).splitlines() if line.startswith("|")]
     assert rows[2].split("|")[1:-1] == [" 3.00 GiB torchscript ", " plain session ", " 2.0 s ", " 1x ", " 2.00 GiB ",
                                         " 1x "]
     assert "| inspect | 5.0 s | 2.50x | 1.50 GiB | 0.75x |" in markdown.render(run, page)
     assert "| retie (exit 1) | 9.0 s | 4.50x |" in markdown.render(run, page)
+    assert "| retie --logits-to-keep 1 | 10.0 s | 5.00x |" in markdown.render(run, page)
