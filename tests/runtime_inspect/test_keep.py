@@ -203,6 +203,40 @@ def test_logits_to_keep_refuses_what_it_cannot_do(tmp_path):
     assert refused(done, "no logits head scores every prompt position")
 
 
+def _fused_head(path, transposed):
+    """A tied pair whose head is onnxruntime's FusedMatMul on relu(the looked-up rows), optionally reading them
+    transposed (transA=1 on [batch, width, sequence]); its table [64, 16]."""
+    table = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["embed.weight", "input_ids"], ["hidden"]),
+             helper.make_node("Relu", ["hidden"], ["rows"])]
+    if transposed:
+        nodes += [helper.make_node("Transpose", ["rows"], ["columns"], perm=[0, 2, 1]),
+                  helper.make_node("FusedMatMul", ["columns", "head.weight"], ["logits"], domain="com.microsoft",
+                                   transA=1)]
+    else:
+        nodes.append(helper.make_node("FusedMatMul", ["rows", "head.weight"], ["logits"], domain="com.microsoft"))
+    graph = helper.make_graph(
+        nodes, "fused", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", 64])],
+        [numpy_helper.from_array(table, "embed.weight"), numpy_helper.from_array(table.T.copy(), "head.weight")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                      helper.make_opsetid("com.microsoft", 1)]), path)
+    return table
+
+
+def test_a_fused_matmul_head_is_sliced_unless_it_reads_the_rows_transposed(tmp_path):
+    table = _fused_head(tmp_path / "plain.onnx", transposed=False)
+    inspected(tmp_path / "plain.onnx", "--retie", tmp_path / "kept.onnx", "--logits-to-keep", "1")
+    ids = np.array([[3, 60, 7, 12, 41]], np.int64)
+    (logits,) = _session(tmp_path / "kept.onnx").run(None, {"input_ids": ids})
+    rows = np.maximum(table[ids[:, -1:]], 0).astype(np.float64)  # the last position's, in numpy
+    assert _within(logits, rows @ table.T.astype(np.float64), _bound(rows, table.T.astype(np.float64)))
+    _fused_head(tmp_path / "transposed.onnx", transposed=True)
+    done = run_inspect(tmp_path / "transposed.onnx", "--retie", tmp_path / "t.onnx", "--logits-to-keep", "1")
+    assert refused(done, "FusedMatMul reading its hidden state transposed")
+    assert not os.path.exists(tmp_path / "t.onnx")
+
+
 # --- the head's share of a prefill (runtime.inspect.sandbox.timing) ----------------------------------------------
 
 def test_the_head_is_timed_in_one_prefill_at_the_prompt_length():
