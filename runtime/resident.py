@@ -143,7 +143,7 @@ def readers(model):
 
 
 def scoped(name, graph):
-    """The key of initializer `name` of subgraph `graph` (a path of runtime.inspect.read.model.graph_paths) among the
+    """The key of initializer `name` of subgraph `graph` (a path of runtime.model.read.model.graph_paths) among the
     main graph's names: the name itself in the main graph."""
     return name if graph in (None, "main") else f"{name}\x1f{graph}"
 

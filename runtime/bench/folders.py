@@ -21,7 +21,7 @@ import time
 
 from runtime.bench import page
 from runtime.inspect.examine_folder import inspect_folder
-from runtime.inspect.findings.across import disk_bytes
+from runtime.model.findings.across import disk_bytes
 from runtime.inspect.sandbox import isolated, memory
 
 TARGET = 1.15  # the retied folder's Pss growth over its distinct weight bytes, at most

@@ -4,8 +4,8 @@ characters (longer ones wrapped, their continuation indented)."""
 import re
 import textwrap
 
-from runtime.inspect.findings.counting import human, times
-from runtime.inspect.read.text import printable
+from runtime.model.findings.counting import human, times
+from runtime.model.read.text import printable
 from runtime.inspect.verdict import FAILING
 
 WIDTH = 100  # the most characters a line of the report takes

@@ -11,8 +11,8 @@ from embed import Terminated, UsageError, raise_on_sigterm, run_cli
 from runtime.inspect import answer, usage
 from runtime.inspect.examine import inspect_model
 from runtime.inspect.examine_folder import inspect_folder
-from runtime.inspect.findings.prefill import all_positions
-from runtime.inspect.read.text import InspectError, printable
+from runtime.model.findings.prefill import all_positions
+from runtime.model.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report
 from runtime.inspect.retie.folder import retie_folder
 from runtime.inspect.sandbox.timing import time_prefill

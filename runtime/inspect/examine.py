@@ -2,15 +2,15 @@
 session holds), as one dict: the --json output plus what --retie needs."""
 import os
 
-from runtime.inspect.findings import counting
-from runtime.inspect.findings.counting import SETTINGS
-from runtime.inspect.findings.copies import copy_sizes, runtime_copies
-from runtime.inspect.findings.relations import copy_key, relate, vocabulary
-from runtime.inspect.graph.walk import find_tables_and_heads, lookup_ids
-from runtime.inspect.graph.weights import shared_weights
-from runtime.inspect.read import paths
-from runtime.inspect.read.model import load
-from runtime.inspect.read.text import InspectError
+from runtime.model.findings import counting
+from runtime.model.findings.counting import SETTINGS
+from runtime.model.findings.copies import copy_sizes, runtime_copies
+from runtime.model.findings.relations import copy_key, relate, vocabulary
+from runtime.model.graph.walk import find_tables_and_heads, lookup_ids
+from runtime.model.graph.weights import shared_weights
+from runtime.model.read import paths
+from runtime.model.read.model import load
+from runtime.model.read.text import InspectError
 from runtime.inspect.sandbox import feeds, isolated, memory
 from runtime.resident import OWNED_MOST, prepacked_copies, unscoped
 

@@ -2,10 +2,10 @@
 import os
 
 from runtime.inspect import examine
-from runtime.inspect.findings import counting
-from runtime.inspect.findings.across import config_tie, held_together, relate_files, tie_finding
-from runtime.inspect.read import paths as read_paths
-from runtime.inspect.read.layout import client_files
+from runtime.model.findings import counting
+from runtime.model.findings.across import config_tie, held_together, relate_files, tie_finding
+from runtime.model.read import paths as read_paths
+from runtime.model.read.layout import client_files
 from runtime.inspect.sandbox import isolated, memory
 
 

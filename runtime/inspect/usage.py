@@ -2,8 +2,8 @@
 import argparse
 
 from embed import OneLineParser
-from runtime.inspect.findings.prefill import PROMPT
-from runtime.inspect.read import sidecars
+from runtime.model.findings.prefill import PROMPT
+from runtime.model.read import sidecars
 from runtime.inspect.sandbox import feeds, isolated
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.

@@ -1,6 +1,6 @@
 """The answer inspect opens with: one entry per table the files or a client's process hold more than once, or whose
 tie config.json contradicts, with the bytes it wastes and the command that repairs it (or why none can)."""
-from runtime.inspect.findings.counting import COPIES, stored_copies
+from runtime.model.findings.counting import COPIES, stored_copies
 from runtime.inspect.retie import keep
 from runtime.inspect.retie.rules import remedy
 

@@ -1,4 +1,4 @@
-"""What inspect finds (runtime.inspect.graph and .findings): tables, heads and how each pair relates (shared,
+"""What inspect finds (runtime.model.graph and .findings): tables, heads and how each pair relates (shared,
 duplicate, transposed, a quantized copy), parameter shares, row scales and position tables, on the lab's own graphs,
 on torch, onnxruntime-genai and Optimum exports, and on onnxruntime's quantizers (tests/fixtures/make_*_fixtures.py;
 versions and Hugging Face's own parameter counts in more_fixtures.json)."""
@@ -361,8 +361,8 @@ def test_a_block_wider_than_the_row_leaves_the_table_its_own_width(tmp_path):
 def test_a_transposed_copy_is_compared_bit_for_bit_in_every_tile(tmp_path):
     # the comparison reads tiles of 256 columns where they lie: a bit flipped in any tile, the last ragged one too,
     # makes the copy distinct; the same NaN bits are the same values
-    from runtime.inspect.findings.relations import same_values
-    from runtime.inspect.read.model import load
+    from runtime.model.findings.relations import same_values
+    from runtime.model.read.model import load
     table = np.random.default_rng(3).standard_normal((700, 600)).astype(np.float32)
     table[5, 7] = np.float32("nan")
     for row, col in ((None, None), (0, 0), (699, 599), (350, 300)):

@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.inspect.read.layout import client_files
-from runtime.inspect.read.model import graph_paths
+from runtime.model.read.layout import client_files
+from runtime.model.read.model import graph_paths
 from tests.helpers import FIXTURES, FOLDERS, findings, run_inspect, unwrapped
 
 V, D = 1000, 64  # a table large enough that onnxruntime folds and prepacks copies of it
@@ -430,7 +430,7 @@ def test_inspect_names_the_weights_a_merged_decoders_branches_both_read():
 def test_weights_read_in_only_one_graph_are_left_as_they_are():
     import tempfile
 
-    from runtime.inspect.read.model import load
+    from runtime.model.read.model import load
     from runtime.inspect.retie import branches
     with tempfile.TemporaryDirectory() as where:
         onnx.save(plain_decoder(), os.path.join(where, "plain.onnx"))
@@ -671,7 +671,7 @@ def test_a_quantized_head_in_another_file_is_a_quantized_copy_of_the_table(tmp_p
 
 
 def test_read_in_place_anchors_on_an_input_and_undoes_exactly(tmp_path):
-    from runtime.inspect.read.model import load
+    from runtime.model.read.model import load
     from runtime.inspect.retie import branches
     onnx.save(shared_weight_decoder(), tmp_path / "shared.onnx")
     model = load(tmp_path / "shared.onnx")

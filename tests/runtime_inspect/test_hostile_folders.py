@@ -17,8 +17,8 @@ from onnx import numpy_helper
 import graphs
 from graphs.together import check_names, save_together
 from runtime.bench import scale_model
-from runtime.inspect.read import paths
-from runtime.inspect.read.text import InspectError
+from runtime.model.read import paths
+from runtime.model.read.text import InspectError
 from tests.helpers import ROOT, findings, inspect_cli, many_tables, one_line_error, run_inspect, tied
 
 V, D = 64, 8  # helpers.tied's table: 2048 bytes, saved to external data by save_together
@@ -126,7 +126,7 @@ def test_save_together_refuses_names_that_leave_its_folder_or_collide(names, wor
 def test_a_file_swapped_for_a_link_out_after_the_layout_check_is_not_read(tmp_path, monkeypatch):
     # failed before issue 37: ../secret.onnx read, run and its names printed (containment checked in client_files only)
     from runtime.inspect import examine_folder
-    from runtime.inspect.read import layout
+    from runtime.model.read import layout
     model = two_copies(tmp_path / "m")
     graphs.save(graphs.tied_logits(graphs.make_table(V, D, seed=7)), tmp_path / "secret.onnx")
     real = layout.client_files
@@ -142,8 +142,8 @@ def test_a_file_swapped_for_a_link_out_after_the_layout_check_is_not_read(tmp_pa
 
 
 def test_a_model_read_by_the_child_is_refused_if_its_link_now_leads_out(tmp_path):
-    from runtime.inspect.read.checked import Changed, source
-    from runtime.inspect.read.model import load
+    from runtime.model.read.checked import Changed, source
+    from runtime.model.read.model import load
     model = two_copies(tmp_path / "m")
     checked = load(str(model / "a.onnx"), root=str(model)).checked
     graphs.save(graphs.tied_logits(graphs.make_table(V, D)), tmp_path / "same.onnx")  # the same bytes, outside

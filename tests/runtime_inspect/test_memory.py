@@ -1,4 +1,4 @@
-"""What a session holds (runtime.inspect.findings.counting and .sandbox.memory): the copies onnxruntime folds
+"""What a session holds (runtime.model.findings.counting and .sandbox.memory): the copies onnxruntime folds
 and prepacks, resident memory under its default SessionOptions measured in fresh processes, and the tie where users
 run models, onnxruntime-genai's Generator, before and after --retie."""
 import json

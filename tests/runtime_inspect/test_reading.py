@@ -1,4 +1,4 @@
-"""Reading a model nobody vouched for (runtime.inspect.read): cycles, unknown types, external data that escapes,
+"""Reading a model nobody vouched for (runtime.model.read): cycles, unknown types, external data that escapes,
 is missing, sparse or short, malformed tensors, names that are not UTF-8, attributes of the wrong type, sidecars
 beside the model; then a seeded structure-aware fuzzer. Every answer is a report or one line on stderr (exit 2),
 never a traceback, quickly, and nothing is written beside the model but --retie's output."""
@@ -20,9 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import graphs
 from runtime.inspect import main
-from runtime.inspect.graph import constants
-from runtime.inspect.read.model import load
-from runtime.inspect.read.text import InspectError
+from runtime.model.graph import constants
+from runtime.model.read.model import load
+from runtime.model.read.text import InspectError
 from tests.helpers import (
     FIXTURES,
     findings,

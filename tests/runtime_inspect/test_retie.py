@@ -22,10 +22,10 @@ from onnx import TensorProto, helper, numpy_helper
 import graphs
 from runtime.inspect import cli
 from runtime.inspect.examine import inspect_model
-from runtime.inspect.findings.relations import relate
-from runtime.inspect.graph.walk import find_tables_and_heads
-from runtime.inspect.read import checked as read_checked
-from runtime.inspect.read.model import load
+from runtime.model.findings.relations import relate
+from runtime.model.graph.walk import find_tables_and_heads
+from runtime.model.read import checked as read_checked
+from runtime.model.read.model import load
 from runtime.inspect.retie import rewrite, rules
 from runtime.inspect.retie.write import retie
 from runtime.inspect.sandbox import agree, feeds, isolated

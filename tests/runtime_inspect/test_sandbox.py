@@ -19,8 +19,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import graphs
-from runtime.inspect.read import checked as read_checked
-from runtime.inspect.read.model import load
+from runtime.model.read import checked as read_checked
+from runtime.model.read.model import load
 from runtime.inspect.sandbox import feeds, guard, isolated
 from tests.helpers import (
     FIXTURES,
@@ -343,10 +343,10 @@ def test_the_child_has_its_own_entry_module_and_the_package_imports_nothing():
     assert "runtime.inspect.sandbox.child" in imported
     assert not imported & {"runtime.inspect.cli", "runtime.inspect.retie.write", "onnxruntime"}
     # the reader: neither onnxruntime nor the command line (the package's face is lazy)
-    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import runtime.inspect.read.model"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", "import runtime.model.read.model"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
-    assert "runtime.inspect.read.model" in imported
+    assert "runtime.model.read.model" in imported
     assert not imported & {"runtime.inspect.cli", "runtime.inspect.sandbox.isolated", "onnxruntime"}
     done = subprocess.run([sys.executable, "-W", "error", "-m", "runtime.inspect.sandbox.child", "/nonexistent/job.json"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -14,9 +14,9 @@ from graphs.arrays import release
 from graphs.storage import stage
 from runtime.bench import scale_model
 from runtime.inspect.examine import inspect_model
-from runtime.inspect.findings.copies import runtime_copies
-from runtime.inspect.read.model import load
-from runtime.inspect.read.text import InspectError
+from runtime.model.findings.copies import runtime_copies
+from runtime.model.read.model import load
+from runtime.model.read.text import InspectError
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import isolated, proof
 from runtime.resident import made, owned_bytes, prepacked_copies, resident

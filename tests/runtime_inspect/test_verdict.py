@@ -9,7 +9,7 @@ import pytest
 from onnx import numpy_helper
 
 from runtime.inspect.answer import wrap
-from runtime.inspect.findings.counting import human
+from runtime.model.findings.counting import human
 from tests.helpers import FIXTURES, findings, inspected, run_inspect, unwrapped
 
 FIX = "  fix: --retie OUT (writes a copy that holds it once)"

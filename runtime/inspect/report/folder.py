@@ -3,7 +3,7 @@ per file (each file's report under --verbose), then each table across the files.
 import os
 
 from runtime.inspect import answer
-from runtime.inspect.findings.counting import human, times
+from runtime.model.findings.counting import human, times
 from runtime.inspect.report.file import as_json, held_line, report
 from runtime.inspect.verdict import folder_verdict
 

@@ -6,8 +6,8 @@ what the export's computes with prepacking off, bit for bit (the proof's referen
 from onnx import helper
 
 from graphs.tie import unfolded_view
-from runtime.inspect.graph.weights import KERNELS, matmul_weights, shared_weights
-from runtime.inspect.read.model import graph_paths
+from runtime.model.graph.weights import KERNELS, matmul_weights, shared_weights
+from runtime.model.read.model import graph_paths
 from runtime.inspect.retie.edits import const, unique_name
 
 PACKING = KERNELS + ("FusedMatMul",)  # onnxruntime's fusions of them; any other kernel that prepacks vetoes

@@ -7,7 +7,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from graphs.tie import unfolded_view
-from runtime.inspect.read.model import graph_paths
+from runtime.model.read.model import graph_paths
 
 
 def shell(graph, name, array):

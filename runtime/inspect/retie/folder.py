@@ -8,12 +8,12 @@ import onnx
 from onnx import TensorProto
 
 from graphs.together import save_together
-from runtime.inspect.findings import counting
-from runtime.inspect.findings.across import disk_bytes
-from runtime.inspect.findings.counting import human, times
-from runtime.inspect.findings.relations import stored_as_table
-from runtime.inspect.read import sidecars
-from runtime.inspect.read.text import InspectError
+from runtime.model.findings import counting
+from runtime.model.findings.across import disk_bytes
+from runtime.model.findings.counting import human, times
+from runtime.model.findings.relations import stored_as_table
+from runtime.model.read import sidecars
+from runtime.model.read.text import InspectError
 from runtime.inspect.retie.rewrite import borrow
 from runtime.inspect.retie import keep as keeps
 from runtime.inspect.retie.write import kept_line, planned_keeping, proven_in_place, rewritten_line

@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.inspect.findings.prefill import KEEP, main_output
-from runtime.inspect.graph.quantized import attribute
-from runtime.inspect.read.text import InspectError
+from runtime.model.findings.prefill import KEEP, main_output
+from runtime.model.graph.quantized import attribute
+from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import const, unique_name
 
 _SLICED_HEADS = ("MatMul", "FusedMatMul", "MatMulNBits")  # read [batch, sequence, width] and keep its rank

@@ -4,7 +4,7 @@ place."""
 from onnx import helper
 
 from graphs.tie import unfolded_view
-from runtime.inspect.graph.quantized import attribute
+from runtime.model.graph.quantized import attribute
 from runtime.inspect.retie.edits import const, unique_name
 
 

@@ -1,9 +1,9 @@
 """The rewrite --retie makes: each duplicated head read from its table in a form onnxruntime keeps as one."""
 from onnx import TensorProto, helper
 
-from runtime.inspect.findings.relations import stored_as_table
-from runtime.inspect.graph.walk import lookup_ids
-from runtime.inspect.read.text import InspectError
+from runtime.model.findings.relations import stored_as_table
+from runtime.model.graph.walk import lookup_ids
+from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import const, drop_dead, shell, unique_name, view_of
 from runtime.inspect.retie.packed import gather_head_codes, gather_packed_in_place
 from runtime.inspect.retie.rules import remedy

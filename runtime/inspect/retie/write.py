@@ -4,13 +4,13 @@ import os
 from onnx import TensorProto
 
 from graphs.storage import stage
-from runtime.inspect.findings import counting
-from runtime.inspect.findings.copies import copy_sizes, runtime_copies
-from runtime.inspect.findings.counting import human, stored_copies, times
-from runtime.inspect.findings.relations import copy_key
-from runtime.inspect.read import sidecars
-from runtime.inspect.read.model import load
-from runtime.inspect.read.text import InspectError
+from runtime.model.findings import counting
+from runtime.model.findings.copies import copy_sizes, runtime_copies
+from runtime.model.findings.counting import human, stored_copies, times
+from runtime.model.findings.relations import copy_key
+from runtime.model.read import sidecars
+from runtime.model.read.model import load
+from runtime.model.read.text import InspectError
 from runtime.inspect.retie import branches
 from runtime.inspect.retie.keep import keep_last
 from runtime.inspect.retie.rewrite import planned

@@ -6,10 +6,10 @@ import numpy as np
 
 from graphs.arrays import release
 from runtime.bounds import U, dot_bounds, quantized_head_bound
-from runtime.inspect.findings.shares import scalar_constant
-from runtime.inspect.graph.quantized import Quant, decoded
-from runtime.inspect.graph.scopes import scopes
-from runtime.inspect.read.model import label
+from runtime.model.findings.shares import scalar_constant
+from runtime.model.graph.quantized import Quant, decoded
+from runtime.model.graph.scopes import scopes
+from runtime.model.read.model import label
 
 
 def head_bound(hidden, table, chunk=1 << 24):

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from runtime.inspect.read.checked import Changed, source
+from runtime.model.read.checked import Changed, source
 from runtime.inspect.sandbox.isolated import OUT_OF_MEMORY
 
 

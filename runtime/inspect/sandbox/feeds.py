@@ -8,7 +8,7 @@ import json
 import numpy as np
 from onnx import helper
 
-from runtime.inspect.read import sidecars
+from runtime.model.read import sidecars
 
 BATCH, SEQUENCE, PAST = 1, 3, 4  # the defaults; GroupQueryAttention wants batch 1 with a past
 

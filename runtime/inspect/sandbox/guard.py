@@ -16,7 +16,7 @@ import sys
 import time
 
 from embed import ENDING
-from runtime.inspect.read.text import printable
+from runtime.model.read.text import printable
 
 GRACE = 10.0  # seconds the worker has, past its deadline, to unwind (it stops itself at the deadline)
 

@@ -15,8 +15,8 @@ import sys
 import time
 
 from embed import physical_memory
-from runtime.inspect.read.checked import Changed, source
-from runtime.inspect.read.text import InspectError
+from runtime.model.read.checked import Changed, source
+from runtime.model.read.text import InspectError
 from runtime.inspect.sandbox import guard
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo

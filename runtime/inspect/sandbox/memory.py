@@ -1,7 +1,7 @@
 """What a user's process holds: copies of each table under onnxruntime's default SessionOptions (prepacked
 ones included, which no initializer of the optimized model shows) and with prepacking off, counted from the
 optimized model and measured in the isolated child after one run."""
-from runtime.inspect.findings.counting import SETTINGS
+from runtime.model.findings.counting import SETTINGS
 from runtime.inspect.sandbox import isolated
 
 

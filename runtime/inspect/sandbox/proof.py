@@ -5,8 +5,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from runtime.inspect.read.checked import source
-from runtime.inspect.read.model import graph_paths, load
+from runtime.model.read.checked import source
+from runtime.model.read.model import graph_paths, load
 from runtime.inspect.sandbox import agree
 from runtime.inspect.sandbox.feeds import NoFeeds, describe, shaped_feeds
 from runtime.resident import session_growth

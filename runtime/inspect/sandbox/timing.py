@@ -7,7 +7,7 @@ import glob
 import json
 import os
 
-from runtime.inspect.read.text import InspectError
+from runtime.model.read.text import InspectError
 from runtime.inspect.sandbox import isolated
 
 MOST_FLOPS = 10**12  # multiply-adds x 2 of the prefill (its head, or every weight once a token) past which no run is

@@ -18,8 +18,8 @@ from graphs.bodies import graph_paths, label  # noqa: F401 - how inspect names g
 from graphs.storage import (
     BITS,  # bits per element of each type that can be sized; a type not listed is a finding
 )
-from runtime.inspect.read import paths
-from runtime.inspect.read.text import InspectError
+from runtime.model.read import paths
+from runtime.model.read.text import InspectError
 
 FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)  # the float types
 BYTE_CODES = (TensorProto.INT8, TensorProto.UINT8)  # integer codes a byte each
@@ -84,7 +84,7 @@ class Model:
     initializers, `bodies` {graph path (graph_paths): {name: Tensor}} of its subgraphs' own, bytes on disk; `checked`
     says which bytes and files were checked: {path, size, digest, folder, root (where the file must lie, or None),
     files: {path: [device, inode, size]}}
-    (runtime.inspect.read.checked.source hands onnxruntime those bytes and nothing else)."""
+    (runtime.model.read.checked.source hands onnxruntime those bytes and nothing else)."""
 
     def __init__(self, path, proto, tensors, file_bytes, folder, checked):
         self.path, self.proto, self.tensors, self.file_bytes, self.folder = path, proto, tensors, file_bytes, folder
@@ -255,7 +255,7 @@ def load(path, folder=None, data=None, root=None, layout_only=False):
     except in a hub cache snapshot, whose data files may resolve anywhere in its repository folder.
     `root`: where the model file itself must really lie when it is opened (a folder's root: a link swapped in
     after the folder was checked is refused); default: anywhere. `data`: the file's bytes, already read
-    (runtime.inspect.read.checked.source), parsed instead of reading it again. `layout_only`: a model whose
+    (runtime.model.read.checked.source), parsed instead of reading it again. `layout_only`: a model whose
     external data was never written (an optimized model written for its layout: runtime.runner.write_optimized_layout), its
     tensors sized from their dims and never read.
     """

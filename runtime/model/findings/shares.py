@@ -3,9 +3,9 @@ them, the constant its looked-up rows are multiplied by (Gemma's sqrt(width)), a
 positions."""
 import math
 
-from runtime.inspect.graph.constants import constant
-from runtime.inspect.graph.walk import lookup_ids
-from runtime.inspect.read.model import CODES, FLOATS
+from runtime.model.graph.constants import constant
+from runtime.model.graph.walk import lookup_ids
+from runtime.model.read.model import CODES, FLOATS
 
 # Inputs that hold quantization scales and zero points (not parameters), by op: the codes beside them are.
 _QUANT_INPUTS = {"DequantizeLinear": (1, 2), "MatMulNBits": (2, 3, 4), "GatherBlockQuantized": (2, 3),

@@ -5,12 +5,12 @@ from onnx import TensorProto
 
 from graphs.precision import format_name
 from graphs.tie import viewed_dims
-from runtime.inspect.graph.constants import small_ints
-from runtime.inspect.graph.quantized import (INTEGER_MATMULS, Quant, attribute, dq_quant, gathered_quant, gbq_quant,
+from runtime.model.graph.constants import small_ints
+from runtime.model.graph.quantized import (INTEGER_MATMULS, Quant, attribute, dq_quant, gathered_quant, gbq_quant,
                                              integer_quant)
-from runtime.inspect.graph.scopes import scopes
-from runtime.inspect.read.model import label
-from runtime.inspect.read.text import InspectError
+from runtime.model.graph.scopes import scopes
+from runtime.model.read.model import label
+from runtime.model.read.text import InspectError
 
 # Ops exporters put between a stored table and the op that reads it; each passes on its input 0's values.
 _VIEWS = ("Identity", "Transpose", "Reshape", "Cast", "Squeeze", "Unsqueeze", "DequantizeLinear")

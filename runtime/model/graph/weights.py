@@ -3,7 +3,7 @@ branches both read the decoder's weights from the main graph, and onnxruntime's 
 once per kernel that reads it (retie.branches reads them in place)."""
 from onnx import TensorProto
 
-from runtime.inspect.read.model import graph_paths
+from runtime.model.read.model import graph_paths
 
 KERNELS = ("MatMul", "Gemm")  # whose weight is input 1
 

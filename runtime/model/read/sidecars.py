@@ -7,8 +7,8 @@ import stat
 import tempfile
 
 from graphs.storage import umask
-from runtime.inspect.read import paths
-from runtime.inspect.read.text import InspectError
+from runtime.model.read import paths
+from runtime.model.read.text import InspectError
 
 MAX_BYTES = 16 * 2**20  # a config or tokenizer file larger than this is not one
 

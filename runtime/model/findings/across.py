@@ -5,10 +5,10 @@ import dataclasses
 import json
 import os
 
-from runtime.inspect.findings import counting
-from runtime.inspect.findings.relations import Digests, Values, copy_key, quantized_relation, stored_as_table
-from runtime.inspect.read import sidecars
-from runtime.inspect.read.model import label
+from runtime.model.findings import counting
+from runtime.model.findings.relations import Digests, Values, copy_key, quantized_relation, stored_as_table
+from runtime.model.read import sidecars
+from runtime.model.read.model import label
 from runtime.resident import copies_held, originals_held
 
 _TIES = ("shared", "duplicate", "transposed_duplicate")

@@ -4,9 +4,9 @@ import hashlib
 import numpy as np
 
 from graphs.arrays import release
-from runtime.inspect.findings import shares
-from runtime.inspect.graph import quantized
-from runtime.inspect.read.model import FLOATS, label
+from runtime.model.findings import shares
+from runtime.model.graph import quantized
+from runtime.model.read.model import FLOATS, label
 from runtime.resident import scoped
 
 BYTES_AT_ONCE = 16 * 2**20  # bytes compared at a time, so a memory-mapped table is never read whole at once

@@ -6,9 +6,9 @@ import stat
 
 import onnx
 
-from runtime.inspect.read import paths
-from runtime.inspect.read.model import all_tensors
-from runtime.inspect.read.text import InspectError
+from runtime.model.read import paths
+from runtime.model.read.model import all_tensors
+from runtime.model.read.text import InspectError
 
 
 class Changed(InspectError):

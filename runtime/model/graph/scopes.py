@@ -2,8 +2,8 @@
 producers and consumers layered on its enclosing scopes': built once, read by every finding."""
 from collections import ChainMap
 
-from runtime.inspect.read.model import graph_paths, label
-from runtime.inspect.read.text import InspectError
+from runtime.model.read.model import graph_paths, label
+from runtime.model.read.text import InspectError
 
 
 def check_order(graph):

@@ -9,7 +9,7 @@ change, never read. The one layout whose links leave the folder is Hugging Face'
 import os
 import stat
 
-from runtime.inspect.read.text import InspectError
+from runtime.model.read.text import InspectError
 
 
 def hub_root(folder):

@@ -2,8 +2,8 @@
 decoder (or the split pair), transformers.js's onnx/ layout at one dtype suffix, else every .onnx file."""
 import os
 
-from runtime.inspect.read import paths, sidecars
-from runtime.inspect.read.text import InspectError
+from runtime.model.read import paths, sidecars
+from runtime.model.read.text import InspectError
 
 SUFFIXES = ("", "_fp16", "_q4", "_q4f16", "_int8", "_uint8", "_quantized", "_bnb4")  # transformers.js dtypes
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import AttributeProto, TensorProto
 
-from runtime.inspect.read.model import BYTE_CODES, CODES, label
-from runtime.inspect.read.text import InspectError
+from runtime.model.read.model import BYTE_CODES, CODES, label
+from runtime.model.read.text import InspectError
 
 _VALUES_AT_ONCE = 8 * 2**20  # float64 values decoded at a time
 

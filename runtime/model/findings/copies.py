@@ -4,7 +4,7 @@ such a copy would have (which decide whether an optimized model's data must be w
 import numpy as np
 from onnx import TensorProto
 
-from runtime.inspect.findings.relations import BYTES_AT_ONCE, same_bytes, same_values
+from runtime.model.findings.relations import BYTES_AT_ONCE, same_bytes, same_values
 from runtime.resident import unscoped
 
 
