@@ -6,6 +6,7 @@ from runtime.model.findings import counting
 from runtime.model.findings.counting import SETTINGS
 from runtime.model.findings.copies import copy_sizes, runtime_copies
 from runtime.model.findings.relations import copy_key, relate, vocabulary
+from runtime.model.found import static_findings
 from runtime.model.graph.walk import find_tables_and_heads, lookup_ids
 from runtime.model.graph.weights import shared_weights
 from runtime.model.read import paths
@@ -173,17 +174,14 @@ def found(model, tables, heads, pairs, rows, shape, optimized_path, answer, meas
 def _from_files(path, limits, proof_past, root):
     """inspect_model(static=True): what the files say, in the time it takes to read them."""
     model = _read(path, limits, root)
-    path = model.path
-    tables, heads = find_tables_and_heads(model)
-    pairs = relate(model, tables, heads)
+    found = static_findings(model)
+    tables = found["tables"]
     initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
                      "bytes": t.nbytes} for t in model.tensors.values()]
-    held = lambda names, table_bytes, other_bytes: counting.not_counted()
-    return {"model": model, "tables": tables, "heads": heads, "file_bytes": model.file_bytes,
-            "initializers": initializers, "pairs": pairs, "runtime_copies": None,
-            "rows": {lookup_ids(t): t["vocab"] for t in tables}, "shape": feeds.plan(model.proto, path, proof_past),
-            "vocabulary": vocabulary(model, tables, heads, pairs, [], held, None), "onnxruntime": None,
-            "measure_error": None, "optimized": None, "prepacked": [], "branch_weights": branch_weights(model)}
+    return {"model": model, **found, "file_bytes": model.file_bytes, "initializers": initializers,
+            "runtime_copies": None, "rows": {lookup_ids(t): t["vocab"] for t in tables},
+            "shape": feeds.plan(model.proto, model.path, proof_past), "onnxruntime": None, "measure_error": None,
+            "optimized": None, "prepacked": [], "branch_weights": branch_weights(model)}
 
 
 def branch_weights(model):

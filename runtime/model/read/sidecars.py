@@ -20,9 +20,9 @@ NAMES = (GENAI_CONFIG, "config.json", "generation_config.json", "tokenizer.json"
          "preprocessor_config.json", "processor_config.json")
 
 
-def read(model_path, name):
+def read(model_path, name, most=MAX_BYTES):
     """The bytes of sidecar `name` beside the model, or None (absent, not a regular file, a link out of the
-    folder, larger than MAX_BYTES). Opened without following a final link (in a hub cache snapshot, where every
+    folder, larger than `most` bytes). Opened without following a final link (in a hub cache snapshot, where every
     file is a link into the repository's blobs/, following it only there), checked on the descriptor."""
     folder = os.path.dirname(os.path.abspath(model_path))
     path = os.path.join(folder, name)
@@ -38,11 +38,11 @@ def read(model_path, name):
     except (OSError, InspectError):
         return None
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES:  # swapped in since the lstat, or too large
+    if not stat.S_ISREG(info.st_mode) or info.st_size > most:  # swapped in since the lstat, or too large
         os.close(fd)
         return None
     with os.fdopen(fd, "rb") as f:
-        return f.read(MAX_BYTES + 1)[:MAX_BYTES]
+        return f.read(most + 1)[:most]
 
 
 def genai_config(model_path):
