@@ -86,7 +86,8 @@ def build(lab, requirements):
                                  "install its venv module (Debian: apt-get install python3-venv)")
             if _run([sys.executable, "-m", "venv", lab], log):
                 raise BuildError(f"creating the environment in {lab} failed; see {log}")
-        pip = [python, "-m", "pip", "--disable-pip-version-check", "install", "-r", requirements]
+        # --no-deps: requirements.txt pins every dependency itself (tokenizers' huggingface-hub stays out)
+        pip = [python, "-m", "pip", "--disable-pip-version-check", "install", "--no-deps", "-r", requirements]
         if _run(pip, log):
             before = "the previous environment is unchanged" if not fresh else "nothing was marked installed"
             raise BuildError(f"installing the pinned requirements failed (is the package registry "
