@@ -15,7 +15,7 @@ import embed
 from graphs.storage import write_text
 from runtime.bounds import U
 from runtime.compare.bounds import WIDTH
-from runtime.compare.config import parse
+from runtime.compare.config import ModelConfig, parse
 from runtime.compare.formats import check_formats
 from runtime.compare.heads import check_self_score, check_tied, check_untied
 from runtime.compare.lookups import check_gather, check_onehot, check_scaled, check_table
@@ -126,6 +126,9 @@ def main(argv=None, description="", impl=embed):
     except embed.UsageError as e:
         print(e, file=sys.stderr)
         return 2
+    if isinstance(config, ModelConfig):
+        from runtime.compare.real.cli import run  # a real model's table: its own run
+        return run(config)
     env = huge_pages_env(config) if impl is embed else None
     if env is not None:  # once, with glibc's malloc on huge pages (see huge_pages_env)
         args = sys.argv[1:] if argv is None else list(argv)

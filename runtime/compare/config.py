@@ -1,6 +1,7 @@
 """What one compare run is asked: the command line, checked once, as a frozen Config."""
 import dataclasses
 import os
+import sys
 
 import embed
 import graphs
@@ -48,12 +49,19 @@ def parser(description=""):
                       epilog="Above 4M table values the command re-runs itself once with glibc's malloc on huge pages "
                              "(GLIBC_TUNABLES=glibc.malloc.hugetlb=1): far fewer page faults for the same work.")
     add = p.add_argument
+    add("--model", metavar="PATH", help="run the lab on a real model's token table instead: an ONNX file or folder "
+                                        "(anything inspect reads), or a GGUF file (needs the optional gguf package)")
+    add("--table", metavar="NAME", help="--model: the token table to read where the model has several")
+    add("--plot", metavar="FILE.png", help="--model: draw the row lengths and each query's two lists (needs "
+                                           "matplotlib)")
     add("--vocab-size", type=int, default=4096, help=f"rows in the table, >= {graphs.export.MIN_VOCAB}: the neighbour "
                                                      "checks rank a query's other tokens (default 4096)")
     add("--width", type=int, default=96, help="values per row (default 96; sqrt(96) is not a float32)")
     add("--seed", type=int, default=0, help="table seed; the untied head uses seed+1, hidden vectors seed+2")
     add("--ids", type=embed.parse_ids, default=[3, 3, 17], help="ids to look up (default 3,3,17)")
-    add("--query", type=int, default=0, help="token whose neighbours are checked (default 0)")
+    add("--query", default="0", metavar="Q[,Q...]",
+        help="token whose neighbours are checked (default 0); with --model, ids or texts the model's tokenizer makes "
+             "into one token each (default: ' Paris', ' king', ' water' where each is one token)")
     add("--k", type=int, default=8, help="neighbours to list, >= 1 (default 8; above vocab-size - 1: all "
                                           "the others)")
     add("--stretch", type=int, help="token whose row is stretched (default: the query's best dot neighbour "
@@ -84,12 +92,77 @@ def check_export(folder):
         raise ValueError(f"--export: {os.path.join(folder, taken[0])} exists; refusing to overwrite")
 
 
-def parse(argv=None, description=""):
-    """The Config for `argv`, every value checked; a bad one raises UsageError (embed.OneLineParser's) with one
-    line naming it."""
-    p = parser(description)
-    args = p.parse_args(argv)
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """compare --model's settings: `queries` as given (ids or texts; None: the defaults), `ids` to look up (None:
+    the queries')."""
+    model: str
+    table: str | None = None
+    queries: tuple | None = None
+    ids: tuple | None = None
+    k: int = 8
+    json: str | None = None
+    plot: str | None = None
+    verbose: bool = False
+
+    def as_dict(self):
+        return {"model": self.model, "table": self.table, "queries": None if self.queries is None else
+                list(self.queries), "ids": None if self.ids is None else list(self.ids), "k": self.k}
+
+
+_NOT_WITH_MODEL = ("--vocab-size", "--width", "--seed", "--format", "--stretch", "--factor", "--block-size",
+                   "--accuracy-level", "--export")  # each describes the generated table
+
+
+def _given(argv, option):
+    return any(a == option or a.startswith(option + "=") for a in argv)
+
+
+def _model_config(p, args, argv):
+    """The ModelConfig of `args` (parsed with --model); UsageError for an option of the generated table."""
+    refused = [o for o in _NOT_WITH_MODEL if _given(argv, o)]
+    if refused:
+        p.error(f"{refused[0]}: not with --model (the model's own table is read; it sets the size, format and values)")
+    for option, value in (("--table", args.table), ("--model", args.model)):
+        if value is not None and not value:
+            p.error(f"{option}: empty")
+    if args.k < 1:
+        p.error(f"--k must be at least 1 (the neighbours each list holds), got {args.k}")
     try:
+        if args.json not in (None, "-"):
+            graphs.storage.check_output(args.json, "--json")
+        if args.plot is not None:
+            graphs.storage.check_output(args.plot, "--plot")
+            import matplotlib  # noqa: F401  (refused now, not after the run)
+    except ValueError as e:
+        p.error(str(e))
+    except ImportError:
+        p.error("--plot needs matplotlib, which is optional: ./lab_env/python -m pip install matplotlib")
+    queries = None if not _given(argv, "--query") else tuple(q for q in args.query.split(",") if q)
+    if queries == ():
+        p.error("--query: empty")
+    ids = tuple(args.ids) if _given(argv, "--ids") else None
+    return ModelConfig(model=args.model, table=args.table, queries=queries, ids=ids, k=args.k, json=args.json,
+                       plot=args.plot, verbose=args.verbose)
+
+
+def parse(argv=None, description=""):
+    """The Config for `argv` (a ModelConfig with --model), every value checked; a bad one raises UsageError
+    (embed.OneLineParser's) with one line naming it."""
+    p = parser(description)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = p.parse_args(argv)
+    if args.model is not None:
+        return _model_config(p, args, argv)
+    for option in ("--table", "--plot"):
+        if _given(argv, option):
+            p.error(f"{option}: only with --model")
+    try:
+        try:
+            args.query = int(args.query)
+        except ValueError:
+            raise ValueError(f"--query {args.query!r}: not an id (a text query needs --model and its tokenizer)") \
+                from None
         graphs.export.check_size(args.vocab_size, args.width)  # the smallest table export takes too
         if args.vocab_size * args.width > MAX_VALUES:
             raise ValueError(f"--vocab-size x --width must be <= {MAX_VALUES} (the reference is pure Python)")

@@ -1,0 +1,90 @@
+"""What a real table shows, measured and reported, never judged: row lengths, which rows lead whose dot lists (the
+hubs, from the lab's neighbour graphs in onnxruntime), and how many tokens fail the seed's self-score claim (numpy's
+float32 matmul, a block of tokens at a time against only the rows that could beat them)."""
+import numpy as np
+
+SELF_SCORE_MOST = 2 * 10**12  # V^2 d multiply-adds from which the self-score claim is checked on a sample
+HUB_QUERIES = 2000  # sampled tokens whose top-k lists the hubs are counted in
+SEED = 0  # the samples' generator: the same tokens every run
+
+
+def norms(values, step=2**16):
+    """Each row's Euclidean length, in float64 (a block of rows at a time)."""
+    return np.concatenate([np.sqrt(np.einsum("ij,ij->i", b, b)) for b in
+                           (values[i:i + step].astype(np.float64) for i in range(0, len(values), step))])
+
+
+def mean_row(values, step=2**16):
+    """The mean row, in float64."""
+    return sum(values[i:i + step].astype(np.float64).sum(0) for i in range(0, len(values), step)) / len(values)
+
+
+def self_score_tokens(vocab, width):
+    """(the tokens the self-score claim is checked on, sampled): every token when V^2 d <= SELF_SCORE_MOST, else as
+    many as that many multiply-adds allow, drawn without replacement by a fixed seed, in id order."""
+    if vocab * vocab * width <= SELF_SCORE_MOST:
+        return np.arange(vocab), False
+    count = max(1, SELF_SCORE_MOST // (vocab * width))
+    return np.sort(np.random.default_rng(SEED).choice(vocab, count, replace=False)), True
+
+
+def _firsts(values, norms, tokens, hidden_of, step):
+    """(first, led_by) for each of `tokens`: whether the token scores first when hidden_of(block of tokens) is fed
+    to a tied head over `values` (ties to the lower id), and the token that scores first.
+
+    Only rows at least as long as a token's hidden vector can beat it: r_t.r_j <= |r_t||r_j| < |r_t|^2 when
+    |r_j| < |r_t| (Cauchy-Schwarz). So the rows are sorted longest first, and a block of tokens is scored against
+    the prefix of rows as long as its shortest: about half the products of the whole V x V matmul, exactly the
+    same answer up to float32's rounding of scores within a few units of each other."""
+    order = np.argsort(-norms, kind="stable")
+    ranked = np.ascontiguousarray(values[order])  # (vocab, width), longest row first
+    position = np.empty(len(order), np.int64)
+    position[order] = np.arange(len(order))
+    tokens = tokens[np.argsort(position[tokens], kind="stable")]  # longest first too: each block a short prefix
+    first, led_by = np.empty(len(tokens), bool), np.empty(len(tokens), np.int64)
+    for i in range(0, len(tokens), step):
+        block = tokens[i:i + step]
+        reach = int(np.searchsorted(-norms[order], -norms[block].min(), side="right"))  # rows >= its shortest
+        scores = hidden_of(block) @ ranked[:reach].T  # (n, reach)
+        own = scores[np.arange(len(block)), position[block]]
+        best = scores.argmax(axis=1)
+        beaten = (scores > own[:, None]).any(1)
+        tied = ((scores == own[:, None]) & (order[None, :reach] < block[:, None])).any(1)  # an equal, lower id
+        first[i:i + step], led_by[i:i + step] = ~(beaten | tied), order[best]
+    back = np.argsort(tokens, kind="stable")
+    return first[back], led_by[back]
+
+
+def self_score(values, progress=None, step=512):
+    """{checked, not_first, not_first_centered, sampled, tokens, top, mean_norm}: fed a token's own row as the
+    hidden vector, does the tied head score that token first (`top` the token that does)? And with the table's
+    mean row taken off every row. Computed with numpy's float32 matmul (a figure, not a check of the graphs)."""
+    tokens, sampled = self_score_tokens(*values.shape)
+    mean = mean_row(values)
+    if progress:
+        progress(f"self-scores of {len(tokens)} tokens against the rows as long as each")
+    first, top = _firsts(values, norms(values), tokens, lambda b: values[b], step)
+    centered = (values - mean.astype(np.float32))  # (vocab, width): the table less its mean row, float32
+    if progress:
+        progress(f"self-scores of {len(tokens)} tokens, the mean row taken off")
+    first_centered, _ = _firsts(centered, norms(centered), tokens, lambda b: centered[b], step)
+    del centered
+    return {"checked": len(tokens), "not_first": int(np.count_nonzero(~first)),
+            "not_first_centered": int(np.count_nonzero(~first_centered)), "sampled": sampled, "tokens": tokens,
+            "top": np.where(first, tokens, top), "mean_norm": float(np.sqrt(mean @ mean))}
+
+
+def hubs(lab, k, most=HUB_QUERIES, block=256):
+    """{queries, k, dot, cosine}: over `most` tokens sampled by a fixed seed (every token if fewer), how often each
+    row appears in their top-k lists by dot and by cosine (the lab's neighbour graphs), as count arrays."""
+    vocab = lab.values.shape[0]
+    sample = np.sort(np.random.default_rng(SEED).choice(vocab, min(most, vocab), replace=False))
+    counts = {}
+    for metric in ("dot", "cosine"):
+        runner, seen = lab.runner(f"neighbors_{metric}"), np.zeros(vocab, np.int64)
+        for i in range(0, len(sample), block):
+            found = runner.run({"ids": sample[i:i + block], "k": [k]})["indices"]
+            np.add.at(seen, found.reshape(-1), 1)
+        lab.close(f"neighbors_{metric}")
+        counts[metric] = seen
+    return {"queries": len(sample), "k": k, **counts}

@@ -1,0 +1,56 @@
+"""A GGUF file's token table (`token_embd.weight`) and vocabulary, through the optional gguf package: most models
+people hold locally are GGUF. llama.cpp scores with the token table itself when the file has no `output.weight`."""
+import os
+
+import numpy as np
+
+from runtime.model.read.text import InspectError
+
+_TOKEN_TABLE, _HEAD = "token_embd.weight", "output.weight"
+
+
+def _strings(field):
+    """A GGUF string array field as Python strings (None when absent)."""
+    if field is None:
+        return None
+    return [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
+
+
+def _string(field):
+    return None if field is None else bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+
+
+def gguf_table(path, name=None):
+    """runtime.compare.real.source.Table of the GGUF file at `path`, dequantized by gguf to float32."""
+    try:
+        import gguf
+    except ImportError:
+        raise InspectError(f"{path}: a GGUF file; reading it needs the optional gguf package "
+                           "(./lab_env/python -m pip install gguf)") from None
+    from runtime.compare.real.source import Table
+    try:
+        reader = gguf.GGUFReader(path, "r")
+        tensors = {t.name: t for t in reader.tensors}
+        name = name or _TOKEN_TABLE
+        if name not in tensors:
+            raise InspectError(f"{path}: no tensor {name!r} (a GGUF token table is {_TOKEN_TABLE!r})")
+        tensor = tensors[name]
+        values = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+        head = tensors.get(_HEAD)
+        tied = head is None or (head.tensor_type == tensor.tensor_type and np.array_equal(head.data, tensor.data))
+        tokens = _strings(reader.fields.get("tokenizer.ggml.tokens"))
+        merges = _strings(reader.fields.get("tokenizer.ggml.merges"))
+        model = _string(reader.fields.get("tokenizer.ggml.model"))
+        fmt, nbytes = tensor.tensor_type.name, int(tensor.n_bytes)
+    except InspectError:
+        raise
+    except Exception as e:  # a malformed file: gguf raises whatever its parser meets
+        raise InspectError(f"{path}: gguf cannot read it ({type(e).__name__}: {e})") from None
+    if values.ndim != 2 or 0 in values.shape:
+        raise InspectError(f"{path}: {name} is {list(values.shape)}, not a [vocab, width] table")
+    if tokens is not None and len(tokens) != values.shape[0]:
+        tokens = None  # a vocabulary of another size names other rows
+    return Table(model=os.path.abspath(path), name=name, values=np.ascontiguousarray(values), format=fmt,
+                 bytes=nbytes, tied=bool(tied), head=name if head is None else _HEAD, row_scale=None,
+                 row_scale_is_sqrt_width=None, folder=os.path.dirname(os.path.abspath(path)), tokens=tokens,
+                 merges=merges, tokenizer_model=model)

@@ -1,0 +1,86 @@
+"""The lab's graphs on a real table: each built by graphs' own builder, saved in a scratch folder with the table's
+bytes in one data file they all name (so the table lies once on disk and its sessions map the same pages), and
+one session each, opened on first use and closed when asked."""
+import os
+
+import numpy as np
+import onnx
+
+import graphs
+from graphs.arrays import release, write_array
+from runtime.runner import Runner
+
+DATA = "table.data"
+BUILDERS = {"gather_lookup": graphs.gather_lookup, "onehot_lookup": graphs.onehot_lookup,
+            "scaled_lookup": graphs.scaled_lookup, "tied_logits": graphs.tied_logits,
+            "neighbors_cosine": lambda t: graphs.neighbors(t, "cosine"),
+            "neighbors_dot": lambda t: graphs.neighbors(t, "dot")}
+
+
+def _write(path, values):
+    """`values` written to `path` in blocks of rows; their pages let go as they go."""
+    shell = onnx.TensorProto(name="embedding", data_type=onnx.TensorProto.FLOAT, dims=values.shape)
+    with open(path, "wb") as f:
+        write_array(f, values, shell)
+
+
+class Lab:
+    """The graphs of BUILDERS on `values` (float32 [vocab, width]) in `folder`. `values` is then this table as a
+    memory map of the data file the sessions read: one copy of its pages, however many read it."""
+
+    def __init__(self, values, folder):
+        self.folder, self.runners, self._shells = folder, {}, {}
+        _write(os.path.join(folder, DATA), values)
+        release(values)
+        self.values = np.memmap(os.path.join(folder, DATA), np.float32, "r", shape=values.shape)
+
+    def _shell(self, name):
+        """Graph `name` built on the table, its `embedding` then made a reference to the shared data file."""
+        if name not in self._shells:
+            model = BUILDERS[name](self.values)  # the builder's own graph, checked on the real table
+            tensor = next(t for t in model.graph.initializer if t.name == "embedding")
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            self._shells[name] = model
+            release(self.values)
+        return self._shells[name]
+
+    def path(self, name, data=DATA):
+        """The file of graph `name` whose table is the data file `data` in the folder."""
+        path = os.path.join(self.folder, f"{name}.{data}.onnx")
+        if not os.path.exists(path):
+            model = onnx.ModelProto()
+            model.CopyFrom(self._shell(name))
+            tensor = next(t for t in model.graph.initializer if t.name == "embedding")
+            del tensor.external_data[:]
+            for key, value in (("location", data), ("offset", "0"), ("length", str(self.values.nbytes))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+            onnx.save_model(model, path)
+        return path
+
+    def runner(self, name, data=DATA):
+        """A session of graph `name` (on data file `data`), prepacking off: a kernel reads the table where it lies,
+        so no session holds a packed copy beside the mapped file."""
+        key = (name, data)
+        if key not in self.runners:
+            self.runners[key] = Runner(self.path(name, data), prepacking=False)
+        return self.runners[key]
+
+    def stretched(self, token_id, factor):
+        """The name of a data file holding the table with row `token_id` times `factor` (the product rounded to
+        float32, as the reference's is: a power of two keeps it exact)."""
+        data = f"stretched-{token_id}-x{factor:g}.data"
+        path = os.path.join(self.folder, data)
+        if not os.path.exists(path):
+            _write(path, self.values)
+            with open(path, "r+b") as f:
+                f.seek(token_id * self.values.shape[1] * 4)
+                f.write((self.values[token_id].astype(np.float64) * factor).astype(np.float32).tobytes())
+            release(self.values)
+        return data
+
+    def close(self, name=None):
+        """Close graph `name`'s sessions (every session when None): their mapped pages go with them."""
+        for key in [k for k in self.runners if name in (None, k[0])]:
+            del self.runners[key]
