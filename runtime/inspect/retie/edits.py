@@ -1,13 +1,19 @@
 """The graph edits --retie makes: names no graph of the model uses yet, small constants, shells for tensors written
-from arrays, graphs.tie's run-time view inserted before a node, and dead nodes and initializers removed (a node with
-a body reads what the body reads)."""
+from arrays, graphs.tie's run-time view inserted before a node, dead nodes and initializers removed (a node with
+a body reads what the body reads), and the external data the rewritten model is written from."""
 import itertools
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from graphs.storage import PROTOBUF_LIMIT
 from graphs.tie import unfolded_view
-from runtime.model.read.model import graph_paths
+from runtime.model.findings.counting import human
+from runtime.model.read import paths
+from runtime.model.read.model import all_tensors, check_tensor, graph_paths
+from runtime.model.read.text import InspectError
+
+INLINE_MOST = PROTOBUF_LIMIT // 2  # nested tensors read into the model file leave room for its graph
 
 
 def shell(graph, name, array):
@@ -17,6 +23,34 @@ def shell(graph, name, array):
     tensor.dims.extend(array.shape)
     tensor.data_location = TensorProto.EXTERNAL
     return array
+
+
+def external_sources(model):
+    """{name: its bytes on disk} of each external initializer of the main graph, for graphs.storage to write into
+    OUT's data file; every other external tensor is read into the model first (inline_nested)."""
+    inline_nested(model)
+    return {t.name: model.tensors[t.name].raw() for t in model.proto.graph.initializer
+            if t.data_location == TensorProto.EXTERNAL}
+
+
+def inline_nested(model):
+    """Read into `model.proto` each external tensor outside its main graph's initializers (a Constant's value, a
+    subgraph's initializer: Optimum's large exports hold them in model.onnx_data), checked as load() checks it.
+    graphs.storage moves only the main graph's, so these would keep naming the original's data file (issue 47).
+    InspectError, nothing changed, where they are too large to hold in a model file."""
+    nested = [t for t, top in all_tensors(model.proto.graph, model.proto.functions)
+              if not top and t.data_location == TensorProto.EXTERNAL]
+    files, root = {}, paths.root_of(model.folder)
+    checked = [check_tensor(t, model.folder, files, root) for t in nested]
+    size = sum(c.nbytes for c in checked)
+    if size > INLINE_MOST:
+        raise InspectError(f"{model.path}: {human(size)} of Constant values and subgraph initializers lie in external "
+                           f"data; --retie writes them into the model file, which holds {human(INLINE_MOST)} of "
+                           "them at most; nothing written")
+    for tensor, data in zip(nested, checked):
+        tensor.raw_data = bytes(data.raw())
+        del tensor.external_data[:]
+        tensor.data_location = TensorProto.DEFAULT
 
 
 def const(graph, name, values):

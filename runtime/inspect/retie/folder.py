@@ -14,6 +14,7 @@ from runtime.model.findings.counting import human, times
 from runtime.model.findings.relations import stored_as_table
 from runtime.model.read import sidecars
 from runtime.model.read.text import InspectError
+from runtime.inspect.retie.edits import external_sources
 from runtime.inspect.retie.rewrite import borrow
 from runtime.inspect.retie import keep as keeps
 from runtime.inspect.retie.write import kept_line, planned_keeping, proven_in_place, rewritten_line
@@ -51,8 +52,7 @@ def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
                 say(kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(h for _, h, *_ in rewritten)))
             changed += 1
         else:  # as it is, its external tensors read from their files as they are written
-            sources = {t.name: model.tensors[t.name].raw() for t in model.proto.graph.initializer
-                       if t.data_location == TensorProto.EXTERNAL}
+            sources = external_sources(model)
         models.append((name, model.proto, sources))
     pairs = result["across"]["pairs"]
     if not changed and not any(p["relation"] == "duplicate" for p in pairs):  # nothing one data file would merge

@@ -1,10 +1,10 @@
 """The rewrite --retie makes: each duplicated head read from its table in a form onnxruntime keeps as one."""
-from onnx import TensorProto, helper
+from onnx import helper
 
 from runtime.model.findings.relations import stored_as_table
 from runtime.model.graph.walk import lookup_ids
 from runtime.model.read.text import InspectError
-from runtime.inspect.retie.edits import const, drop_dead, shell, unique_name, view_of
+from runtime.inspect.retie.edits import const, drop_dead, external_sources, shell, unique_name, view_of
 from runtime.inspect.retie.packed import gather_head_codes, gather_packed_in_place
 from runtime.inspect.retie.rules import remedy
 
@@ -17,10 +17,11 @@ def rewrite(model, pairs):
     stored [width, vocab] (onnxruntime-genai's shared embeddings) is stored once the other way round.
     Returns ([(head output, hidden input, table as the original stores it, whether transposed there, the table's
     name now)], {name: array} of the data of every external or new initializer, views on the model's files that
-    graphs.save writes in chunks: no tensor is loaded whole)."""
+    graphs.save writes in chunks: no table is loaded whole; external Constant values and subgraph initializers are
+    read into the model, edits.inline_nested)."""
     graph = model.proto.graph
     rewritten, done = [], set()
-    sources = {t.name: model.tensors[t.name].raw() for t in graph.initializer if t.data_location == TensorProto.EXTERNAL}
+    sources = external_sources(model)
     for p in pairs:
         table, head = p["table_entry"], p["head_entry"]
         how, _ = remedy(p)
