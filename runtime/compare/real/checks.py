@@ -43,9 +43,11 @@ def check_onehot(lab, rows, ids):
     zeros = f"; {zeros_gather} -0.0 value(s) of the table come out +0.0 (a sum of products)" if zeros_gather else ""
     return Check("onehot_lookup", "onehot_lookup", bad_ref + bad_gather == 0,
                  f"OneHot+MatMul == embed.onehot_lookup ({bad_ref} differ) == Gather ({bad_gather} differ), bit for "
-                 f"bit; {len(ids)}x{vocab}x{width} multiplications against Gather's 0{zeros}", float(bad_ref + bad_gather),
-                 0.0, {"differing_reference": bad_ref, "differing_gather": bad_gather, "signed_zeros": zeros_gather},
-                 claim="OneHot+MatMul == embed.onehot_lookup == Gather, bit for bit" + (" (-0.0 as +0.0)" if zeros else ""))
+                 f"bit; {len(ids)}x{vocab}x{width} multiplications against Gather's 0{zeros}",
+                 float(bad_ref + bad_gather), 0.0,
+                 {"differing_reference": bad_ref, "differing_gather": bad_gather, "signed_zeros": zeros_gather},
+                 claim="OneHot+MatMul == embed.onehot_lookup == Gather, bit for bit"
+                       + (" (-0.0 as +0.0)" if zeros else ""))
 
 
 def scores_and_bounds(rows, query, metric, tokens):
@@ -128,7 +130,8 @@ def check_stretch(lab, rows, query, k, choice, shown, reference_before):
                  f"row {shown(token)} x{factor:g}: {shown(query)}'s cosine list unchanged: {moved} positions differ "
                  f"beyond a tie (embed.neighbors unchanged: {same}); dot list led by {led} (embed: {reference_led})",
                  float(moved + (not same) + (not reference_led)), 0.0, {"token": token, "factor": factor},
-                 claim=f"row {shown(token)} x{factor:g}: {shown(query)}'s cosine list unchanged, its dot list led by it")
+                 claim=f"row {shown(token)} x{factor:g}: {shown(query)}'s cosine list unchanged, its dot list led "
+                       "by it")
 
 
 def check_scaled(lab, rows, ids):

@@ -40,11 +40,11 @@ def _header(table, path):
             f"{onnx.__version__}")
 
 
-def _measure(config, table, lab, vocabulary, progress, say):
-    """(checks, lists, lengths, self-score, hub counts): the lab's checks and the figures, lists printed first."""
+def _measure(config, table, lab, vocabulary, progress, say, queries):
+    """(checks, lists, lengths, self-score, hub counts): the lab's checks and the figures, lists printed first;
+    `queries` the ids asked for (None: the defaults)."""
     lengths = figures.norms(lab.values)
-    queries = resolve(config.queries, vocabulary, table.vocab) if config.queries else default_queries(vocabulary,
-                                                                                                      lengths)
+    queries = queries or default_queries(vocabulary, lengths)
     ids = list(config.ids) if config.ids else queries[:2] + queries[:1]  # a repeated id: the same row at both places
     embed.check_ids(ids, table.vocab)
     rows, k, shown = Rows(lab.values), min(config.k, table.vocab - 1), vocabulary.shown
@@ -80,11 +80,13 @@ def run(config):
         progress(f"reading {config.model}")
         table = read_table(config.model, config.table)
         vocabulary = vocabulary_of(table)
+        queries = resolve(config.queries, vocabulary, table.vocab) if config.queries else None  # refused before work
         with tempfile.TemporaryDirectory(prefix="onnx-lab-compare-model-") as folder:
             lab = Lab(table.values, folder)
             table.values = lab.values  # the decoded copy goes; the data file's map is the table from here on
             say(_header(table, config.model) + "\n")
-            found, lists, lengths, scores, counts = _measure(config, table, lab, vocabulary, progress, say)
+            found, lists, lengths, scores, counts = _measure(config, table, lab, vocabulary, progress, say,
+                                                                       queries)
             longest = [int(t) for t in np.argsort(-lengths, kind="stable")[:config.k]]
             found += report.table_lines(table, lengths, vocabulary, longest[:5])
             found += [report.self_score_line(vocabulary, lengths, scores), report.hubs_line(vocabulary, counts)]

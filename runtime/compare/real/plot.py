@@ -25,9 +25,10 @@ def plot(path, data, lengths):
         name = query["token"] or f"#{query['id']}"
         ax.axis("off")
         ax.set_title(f"{name}: nearest by cosine (left) and by dot product (right)", fontsize=10)
-        cells = [[c["token"] or f"#{c['id']}", f"{c['score']:.3f}", d["token"] or f"#{d['id']}", f"{d['score']:.2f}"]
-                 for c, d in zip(query["cosine"], query["dot"])]
-        table = ax.table(cellText=cells, colLabels=["cosine", "score", "dot product", "score"], loc="center")
+        cells = [[c["token"] or f"#{c['id']}", f"{c['score']:.3f}", d["token"] or f"#{d['id']}", f"{d['score']:.2f}",
+                  f"{lengths[d['id']]:.2f}"] for c, d in zip(query["cosine"], query["dot"])]
+        table = ax.table(cellText=cells, colLabels=["cosine", "score", "dot product", "score", "row length"],
+                         loc="center")
         table.auto_set_font_size(False)
         table.set_fontsize(8)
     fig.tight_layout()

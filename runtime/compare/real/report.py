@@ -74,8 +74,9 @@ def table_lines(table, lengths, vocabulary, longest):
 
 def row_scale_words(table):
     if table.row_scale is None:
-        return "the model does not scale its looked-up rows (no constant multiplies them)" if table.row_scale_is_sqrt_width \
-            is not None or table.tokens is None else "a GGUF file does not say whether its model scales the rows"
+        if table.tokens is not None:  # a GGUF file: the scale lives in llama.cpp's code, not in the file
+            return "a GGUF file does not say whether its model scales the looked-up rows"
+        return "the model does not scale its looked-up rows (no constant multiplies them)"
     root = "= sqrt(width)" if table.row_scale_is_sqrt_width else "not sqrt(width)"
     return f"the model multiplies looked-up rows by {table.row_scale:.6g} ({root} = {table.width ** 0.5:.6g})"
 
@@ -94,8 +95,12 @@ def _token(vocabulary, t, **more):
     return {"id": int(t), "token": vocabulary.token(int(t)), **more}
 
 
-def table_json(table, vocabulary, lengths, longest, lists, found, counts, most=5):
+EXAMPLES = 5  # self-score examples and hub rows --json lists
+
+
+def table_json(table, vocabulary, lengths, longest, lists, found, counts):
     """--json's `table` (SPEC, 'The lab on a real model')."""
+    most = EXAMPLES
     vocab, width = table.values.shape
     examples = [_token(vocabulary, t, norm=float(lengths[t]), led_by=_token(vocabulary, top, norm=float(lengths[top])))
                 for t, top in zip(found["tokens"], found["top"]) if t != top][:most]

@@ -69,11 +69,19 @@ def _is_gguf(path):
         raise InspectError(f"{path}: {e.strerror}") from None
 
 
+_TRANSFORMERS_JS = os.path.join("onnx", "model.onnx")  # a decoder-only transformers.js model's fp32 variant
+
+
 def _files(path):
-    """([file paths], root each must lie in, the folder the tokenizer lies in or above)."""
+    """([file paths], root each must lie in, the folder the tokenizer lies in or above). Of a transformers.js
+    folder (its root or its onnx/), the fp32 variant: a client loads one variant, and the others hold the same
+    table in other formats."""
     if os.path.isdir(path):
         folder = os.path.abspath(path)
-        names, _ = client_files(folder)  # transformers.js: its first dtype suffix, '' (fp32) where it has one
+        has = lambda name: os.path.isfile(os.path.join(folder, name))
+        variants = any(n.startswith("model_") and n.endswith(".onnx") for n in os.listdir(folder))
+        fp32 = _TRANSFORMERS_JS if has(_TRANSFORMERS_JS) else "model.onnx" if has("model.onnx") and variants else None
+        names, _ = client_files(folder, [fp32] if fp32 else None)  # else genai's, Optimum's, ... or every file
         return [os.path.join(folder, n) for n in names], paths.root_of(folder), folder
     if not os.path.isfile(path):
         raise InspectError(f"{path}: not a regular file or folder")
@@ -87,7 +95,9 @@ def _onnx_table(path, name):
     for file in files:
         model = load(file, root=root)
         items.append({"file": os.path.relpath(file, folder), "model": model, "info": static_findings(model)})
-    groups = [g for g in relate_files(items)["vocabulary"] if g["kind"] == "token"]
+    found = [e for it in items for e in it["info"]["tables"] + it["info"]["heads"]]
+    scales = {e["quant"].scale for e in found if e.get("quant")} | {e.get("scales") for e in found}
+    groups = [g for g in relate_files(items)["vocabulary"] if g["kind"] == "token" and g["table"] not in scales]
     names = list(dict.fromkeys(g["table"] for g in groups))
     if not groups:
         raise InspectError(f"{path}: no token table: nothing looks rows up by token id (a Gather, "
@@ -98,21 +108,24 @@ def _onnx_table(path, name):
     if group is None:
         raise InspectError(f"--table {name}: not a token table of {path} (its token tables: {', '.join(names)})")
     item, entry, _ = next(m for m in group["members"] if m[2] == "lookup")
+    quant = entry.get("quant") or next((e["quant"] for _, e, _ in group["members"]  # a head decoding the same codes
+                                        if e["initializer"] == entry["initializer"] and e.get("quant")), None)
     vocabulary = next(v for v in item["info"]["vocabulary"] if v["table"] == entry["initializer"])
     heads = [e["initializer"] for _, e, role in group["members"] if role == "head"]
     head = heads[0] if heads else (entry["initializer"] if group["tied"] else None)
-    return Table(model=item["model"].path, name=entry["initializer"], values=decode(item["model"], entry),
+    return Table(model=item["model"].path, name=entry["initializer"], values=decode(item["model"], entry, quant),
                  format=entry["format"], bytes=entry["bytes"], tied=group["tied"], head=head,
                  row_scale=vocabulary["row_scale"], row_scale_is_sqrt_width=vocabulary["row_scale_is_sqrt_width"],
                  folder=folder)
 
 
-def decode(model, entry):
+def decode(model, entry, q=None):
     """The table `entry` (graph.walk's) of `model` as float32 [vocab, width]: the stored float32 array itself when
     it is stored [vocab, width] (memory-mapped where external, never copied), else decoded a block of rows at a
-    time."""
+    time; `q` how its codes decode (a graph.quantized.Quant: the entry's own, or the head's reading the same
+    codes)."""
     tensor = model.tensors[entry["initializer"]]
-    q = entry.get("quant")
+    q = q or entry.get("quant")
     if q is None and tensor.data_type not in FLOATS:
         raise InspectError(f"{entry['initializer']}: a {tensor.type_name} table that nothing decodes "
                            "(compare --model reads float tables and int8 / int4 codes with their scales)")
