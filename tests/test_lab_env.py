@@ -14,12 +14,12 @@ from tests.helpers import ROOT
 LAB_ENV = os.path.join(ROOT, "lab_env")
 
 
-def make_wheel(folder, version):
-    """A minimal pure-Python wheel of the package `labprobe` whose VERSION is `version`."""
-    name = f"labprobe-{version}.dist-info"
+def make_wheel(folder, version, package="labprobe"):
+    """A minimal pure-Python wheel of the package `package` whose VERSION is `version`."""
+    name = f"{package}-{version}.dist-info"
     files = {
-        "labprobe.py": f"VERSION = {version!r}\n",
-        f"{name}/METADATA": f"Metadata-Version: 2.1\nName: labprobe\nVersion: {version}\n",
+        f"{package}.py": f"VERSION = {version!r}\n",
+        f"{name}/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n",
         f"{name}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = []
@@ -27,7 +27,7 @@ def make_wheel(folder, version):
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
         record.append(f"{path},sha256={digest},{len(text.encode())}")
     files[f"{name}/RECORD"] = "\n".join(record + [f"{name}/RECORD,,"]) + "\n"
-    with zipfile.ZipFile(folder / f"labprobe-{version}-py3-none-any.whl", "w") as z:
+    with zipfile.ZipFile(folder / f"{package}-{version}-py3-none-any.whl", "w") as z:
         for path, text in files.items():
             z.writestr(path, text)
 
@@ -39,12 +39,14 @@ def repo(tmp_path):
     wheels.mkdir()
     for version in ("1.0", "2.0"):
         make_wheel(wheels, version)
+    make_wheel(wheels, "1.0", "labtool")  # a test tool
     root = tmp_path / "repo"
     (root / "lab_env").mkdir(parents=True)
     for name in ("python", "build.py"):
         shutil.copy2(os.path.join(LAB_ENV, name), root / "lab_env" / name)
     (root / "rootmodule.py").write_text("WHERE = 'repo root'\n")
     pin(root, "1.0", wheels)
+    (root / "lab_env" / "requirements-test.txt").write_text(f"--no-index\n--find-links {wheels}\nlabtool==1.0\n")
     return root
 
 
@@ -86,6 +88,21 @@ def test_lab_env_first_run_creates_second_installs_nothing(repo, tmp_path):
     second = call(repo, lab, *VERSION)
     assert (second.returncode, second.stdout, second.stderr) == (0, "1.0\n", "")
     assert (lab / ".lab-install.log").stat().st_mtime_ns == log_mtime  # pip never ran
+
+
+@pytest.mark.slow
+def test_lab_env_installs_the_test_tools_for_a_test_run_only(repo, tmp_path):
+    lab = tmp_path / "lab"
+    tool = ["-c", "import labtool"]
+    assert call(repo, lab, *VERSION).stdout == "1.0\n"
+    assert call(repo, lab, *tool).returncode != 0  # the main job's environment holds no test tool
+    assert not (lab / ".lab-test-requirements.txt").read_bytes()
+    tests = call(repo, lab, "-m", "pytest", "--version")  # no pytest in this tiny repo's pins: it fails after
+    assert "adding the test tools" in tests.stderr and "No module named pytest" in tests.stderr
+    assert call(repo, lab, *tool).returncode == 0
+    again = call(repo, lab, "-m", "pytest", "--version")
+    assert "adding" not in again.stderr and "updating" not in again.stderr  # nothing installed twice
+    assert (lab / ".lab-test-requirements.txt").read_bytes() == (repo / "lab_env" / "requirements-test.txt").read_bytes()
 
 
 @pytest.mark.slow
