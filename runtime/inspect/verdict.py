@@ -30,6 +30,18 @@ WHY_NOT_PACKED = ("MatMulNBits prepacks its own copy of the int4 codes at load, 
                   "of the file removes it")
 
 
+def why_not_widened(fmt):
+    """Why no retie removes a copy onnxruntime's CPU provider makes of a `fmt` (float16, bfloat16) head's weight."""
+    return (f"onnxruntime's CPU provider multiplies in float32: it widens the {fmt} head's weight to a float32 copy "
+            "at load (its MatMul then prepacks that), whatever the file holds: no rewrite that keeps the table "
+            f"{fmt} removes it")
+
+
+def _widened(copies, table):
+    """Whether onnxruntime's optimized model holds a float32 widening of `table` (runtime_copies' view)."""
+    return any(c.get("copy_of") == table and str(c.get("view", "")).startswith("widened") for c in copies or [])
+
+
 def _kind(on_disk, held):
     """`stored_more_than_once`, `held_more_than_once`, or None where a table is held once."""
     if on_disk > 1:
@@ -37,15 +49,19 @@ def _kind(on_disk, held):
     return "held_more_than_once" if held is not None and held > 1 else None
 
 
-def _remedies(pairs, kind):
+def _remedies(pairs, kind, widened=None):
     """(a fix, or None; why no retie can, or None) for a table's pairs that hold it twice: the fix where remedy()
-    rewrites any of them (but only for the files where an int4 head is what is held twice), else the first reason it
+    rewrites any of them (but only for the files where an int4 head is what is held twice), else, for a table held
+    twice whose float32 widening (`widened`: its format) onnxruntime makes, that, else the first reason remedy()
     gives."""
     found = [remedy(p) for p in pairs]
-    if kind == "held_more_than_once" and any(found) and all(how in _PACKED for how, _ in found if how):
+    hows = [how for how, _ in found if how]
+    if kind == "held_more_than_once" and hows and all(how in _PACKED for how in hows):
         return None, WHY_NOT_PACKED
-    if any(how for how, _ in found):
+    if hows:
         return RETIE, None
+    if kind == "held_more_than_once" and widened:  # the second copy is the CPU provider's, not the file's
+        return None, why_not_widened(widened)
     why = next((why for _, why in found if why), None)
     return (None, why) if why else (RETIE, None)
 
@@ -62,7 +78,9 @@ def file_verdict(info, file=None):
         kind = _kind(on_disk, held)
         if kind is None:
             continue
-        fix, why = _remedies(mine, kind) if mine else (None, "no head reads it: the copies are onnxruntime's own")
+        widened = v["format"] if _widened(info.get("runtime_copies"), v["table"]) else None
+        fix, why = (_remedies(mine, kind, widened) if mine else
+                    (None, "no head reads it: the copies are onnxruntime's own"))
         found.append(_entry(kind, v["table"], file, on_disk, held, v["bytes"], wasted, fix, why))
     return found + _prefill(info, file)
 
@@ -85,7 +103,9 @@ def folder_verdict(result):
         pairs = [p for it in result["items"] for p in it["info"]["pairs"]
                  if (it["file"], p["table"]) in names and p["relation"] in ("shared",) + COPIES]
         files = {s["file"] for s in v["stored"]}
-        fix, why = _remedies(pairs, kind) if pairs and len(files) == 1 else (RETIE, None)
+        widened = v["format"] if any(_widened(it["info"].get("runtime_copies"), e["initializer"])
+                                     for it, e, _ in v["members"]) else None
+        fix, why = _remedies(pairs, kind, widened) if pairs and len(files) == 1 else (RETIE, None)
         found.append(_entry(kind, v["table"], v["file"], v["copies_on_disk"], held, v["bytes"], v["wasted_bytes"],
                             fix, why))
     return found + [e for it in result["items"] for e in _prefill(it["info"], it["file"])]

@@ -685,3 +685,59 @@ def test_read_in_place_anchors_on_an_input_and_undoes_exactly(tmp_path):
     onnx.checker.check_model(model.proto, full_check=True)  # in order, typed
     undo()
     assert model.proto.SerializeToString() == before
+
+
+# --- what a retie that reads a merged decoder's weights in place claims of its other outputs --------------------------
+
+def legacy_sessions(path):
+    """{how: session} of a model as a user runs it (onnxruntime's defaults) and with prepacking off."""
+    import onnxruntime as ort
+    unpacked = ort.SessionOptions()
+    unpacked.add_session_config_entry("session.disable_prepacking", "1")
+    return {"defaults": ort.InferenceSession(str(path)), "unpacked": ort.InferenceSession(str(path), unpacked)}
+
+
+def test_the_proof_feeds_one_new_token_after_past_0_and_3():
+    from runtime.inspect.sandbox import feeds
+    source = os.path.join(FOLDERS, "optimum_gpt2_legacy_merged", "decoder_model_merged.onnx")
+    shape = feeds.plan(onnx.load(source, load_external_data=False), source)
+    assert [[0, 1], [3, 1]] == [s for s in shape["steps"] if s[0] != shape["past"]]
+    assert [shape["past"], 1] in shape["steps"] and [shape["past"], 3] in shape["steps"]
+    assert feeds.describe(shape) == "3 new tokens after past 4 (the default); 1 after past 4, 0 and 3"
+    # a model whose past length is fixed, or with --proof-past, runs at that past alone
+    assert [s[0] for s in feeds.plan(onnx.load(source, load_external_data=False), source, past=5)["steps"]] == [5, 5]
+
+
+@pytest.mark.slow
+def test_retie_legacy_merged_gpt2_states_the_bound_of_its_other_outputs(tmp_path):
+    from runtime.inspect.sandbox import feeds
+    folder = os.path.join(FOLDERS, "optimum_gpt2_legacy_merged")
+    source = os.path.join(folder, "decoder_model_merged.onnx")
+    out = tmp_path / "out"
+    done = run_inspect(folder, "--retie", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [x for x in unwrapped(done.stdout) if x.startswith("retie: decoder_model_merged.onnx: ") and
+               "proven" in x]
+    assert "1 after past 4, 0 and 3" in line  # the feeds that show a one-row product
+    assert "every other output bit for bit with the export's run under session.disable_prepacking=1; under the " \
+        "defaults" in line
+    stated = float(line.split("its outputs lay within ")[1].split(" ")[0])
+    model = onnx.load(source, load_external_data=False)
+    shape = feeds.plan(model, source)
+    export, retied = legacy_sessions(source), legacy_sessions(out / "decoder_model_merged.onnx")
+    names = [o.name for o in export["defaults"].get_outputs()]
+    most = 0.0
+    for past in (0, 3):  # one new token: MLAS multiplies the row without the packed kernel the export's defaults use
+        for flag in (True, False):
+            inputs = dict(feeds.shaped_feeds(model, {"input_ids": VOCAB}, shape, 1, past=past),
+                          use_cache_branch=np.array([flag]))  # the proof's feeds (seed 0)
+            runs = {how: dict(zip(names, s.run(names, inputs))) for how, s in {**export, "retied": retied["defaults"]}
+                    .items()}
+            for name in (n for n in names if n != "logits"):
+                old, new = runs["unpacked"][name], runs["retied"][name]
+                assert (old.shape, old.dtype) == (new.shape, new.dtype), name
+                assert np.array_equal(old.view(np.uint32), new.view(np.uint32)), (name, past, flag)
+                gap = np.abs(runs["defaults"][name].astype(np.float64) - new)
+                assert np.all(gap <= stated), (name, past, flag, gap.max(), stated)
+                most = max(most, float(gap.max(initial=0.0)))
+    assert 0 < most <= stated  # the premise: the export's defaults give other bits, within what the line states

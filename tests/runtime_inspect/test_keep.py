@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.helpers import FIXTURES, FOLDERS, U, findings, genai_tokens, inspected, refused, run_inspect
+from tests.helpers import FIXTURES, FOLDERS, U, findings, genai_tokens, inspected, refused, run_inspect, unwrapped
 
 KEEP = "num_logits_to_keep"
 
@@ -174,6 +174,16 @@ def test_genai_generates_the_same_tokens_with_either_default(fixture, default, t
     positions = logits.type.tensor_type.shape.dim[1]
     assert (positions.dim_value == 1) if default else (positions.dim_param == "sequence_length")
     assert genai_tokens(tmp_path) == genai_tokens(source)
+
+
+def test_genai_fp16_is_measured_and_kept_as_genai_runs_it(tmp_path):
+    # its attention mask takes several new tokens only as a prompt: the measuring run and the proof feed it so
+    source = os.path.join(FIXTURES, "genai_fp16")
+    (entry,) = findings(os.path.join(source, "model.onnx"))["vocabulary"]
+    assert entry["in_memory"]["defaults"]["resident_bytes"] is not None, entry["in_memory"]
+    said = " ".join(unwrapped(inspected(source, "--retie", tmp_path / "out", "--logits-to-keep", "1").stdout))
+    assert "proven on decoder feeds (3 new tokens after past 0; 1 after past 4 (the default), 0 and 3)" in said
+    assert genai_tokens(tmp_path / "out") == genai_tokens(source)
 
 
 def test_the_verdict_names_the_fix_and_a_kept_model_is_no_finding(tmp_path):

@@ -364,6 +364,23 @@ def test_a_sliding_window_sets_the_proofs_past():
     assert entry["in_memory"]["defaults"]["resident_bytes"] is not None  # the model ran on those feeds
 
 
+def test_genai_fp16_gets_several_new_tokens_only_as_a_prompt():
+    # onnxruntime-genai's builder masks several new tokens with a [seq, seq] causal mask expanded to [seq, past +
+    # seq] (attn_mask_reformat): only a prompt, at past 0, as genai feeds it; one new token after any past
+    import onnxruntime as ort
+    path = os.path.join(FIXTURES, "genai_fp16", "model.onnx")
+    model = onnx.load(path, load_external_data=False)
+    shape = feeds.plan(model, path)
+    assert shape["steps"] == [[0, 3], [4, 1], [0, 1], [3, 1]]
+    assert feeds.describe(shape) == "3 new tokens after past 0; 1 after past 4 (the default), 0 and 3"
+    session = ort.InferenceSession(path)
+    for past, sequence in shape["steps"]:
+        (logits,) = session.run(["logits"], feeds.shaped_feeds(model, {"input_ids": 512}, shape, sequence, past=past))
+        assert logits.shape == (1, sequence, 512)
+    with pytest.raises(Exception, match="invalid expand shape"):  # the feeds the plan no longer makes
+        session.run(["logits"], feeds.shaped_feeds(model, {"input_ids": 512}, shape, 3, past=4))
+
+
 def test_plan_reads_windows_and_context_from_the_files_beside(tmp_path):
     graph = helper.make_graph([helper.make_node("GroupQueryAttention", ["q"], ["y"], domain="com.microsoft",
                                                 local_window_size=48, num_heads=2, kv_num_heads=1)], "g",

@@ -138,12 +138,12 @@ def test_the_proof_opens_one_session_a_model_for_every_feed_set(tmp_path, monkey
             super().__init__(onnx_model, **kwargs)
 
     monkeypatch.setattr(proof, "Runner", Counted)
-    assert proof.prove(job) == ([], None, None)
+    assert proof.prove(job) == ([], None, None, None)  # failures, figures, kept, drift
     assert len(found["shape"]["lengths"]) >= 2  # several feed sets ...
     assert len(opened) == 2  # ... and one session of each model
     # a single file's retie: the retied model's session is also measured, and writes its optimized model's layout
     job.update(measure=True, layout=str(scratch / "retied.layout.onnx"))
-    failures, figures, _ = proof.prove(job)
+    failures, figures, *_ = proof.prove(job)
     # (what it measures is a fresh process's figure: this one has run sessions before, so only its form is checked)
     assert failures == [] and set(figures) == {"resident_bytes", "anonymous_bytes", "file_bytes", "peak_bytes"}
     alone = scratch / "alone"

@@ -236,3 +236,26 @@ def test_an_int4_head_held_twice_by_its_own_kernel_has_no_retie_fix():
         "held_more_than_once", head.input[1], 1, 2)
     assert entry["fix"] is None and entry["why_not"].startswith("MatMulNBits prepacks its own copy of the int4 codes")
     assert unwrapped(inspected(path).stdout)[1] == f"  no --retie fix: {entry['why_not']}"
+
+
+@pytest.mark.parametrize("name", ["genai_fp16", "genai_fp16/model.onnx"])
+def test_a_float16_head_held_twice_names_the_cpu_providers_float32_widening(name):
+    # failed before: the verdict said "MatMulNBits prepacks its own copy of the int4 codes" of a float16 MatMul head
+    path = os.path.join(FIXTURES, name)
+    model = onnx.load(os.path.join(FIXTURES, "genai_fp16", "model.onnx"))
+    (head,) = [n for n in model.graph.node if n.op_type == "MatMul" and "lm_head" in n.name]
+    weight = [t for t in model.graph.initializer if t.name == head.input[1]][0]
+    assert weight.data_type == onnx.TensorProto.FLOAT16  # the premise: a float16 head, no int4 codes anywhere
+    assert not [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    data = findings(path)
+    (entry,) = problems(data)
+    assert (entry["kind"], entry["table"], entry["copies_on_disk"], entry["copies_in_memory"], entry["fix"]) == (
+        "held_more_than_once", head.input[1], 1, 2, None)
+    why = entry["why_not"]
+    assert "MatMulNBits" not in why and "int4" not in why
+    assert why.startswith("onnxruntime's CPU provider multiplies in float32: it widens the float16 head's weight "
+                          "to a float32 copy at load"), why
+    copies = data["runtime_copies"] if "runtime_copies" in data else data["files"][0]["runtime_copies"]
+    assert [c["bytes"] for c in copies if c.get("copy_of") == head.input[1] and c.get("view") == "widened"] == [
+        weight.dims[0] * weight.dims[1] * 4]  # the float32 copy it names is in onnxruntime's optimized model
+    assert unwrapped(inspected(path).stdout)[1] == f"  no --retie fix: {why}"

@@ -3,6 +3,8 @@ weights from the main graph, and under onnxruntime's defaults each branch's kern
 original is freed once both have), so every weight the branches share is held twice. Read through graphs.tie's
 run-time view, no kernel prepacks it: each weight is held once, mapped from the data file, and each MatMul computes
 what the export's computes with prepacking off, bit for bit (the proof's reference then)."""
+from dataclasses import dataclass
+
 from onnx import helper
 
 from graphs.tie import unfolded_view
@@ -79,12 +81,25 @@ def read_in_place(model):
     return {name: model.tensors[name].nbytes for name in shared}, undo
 
 
+@dataclass
+class Shared:
+    """The weights a merged decoder's branches share, now read in place ({initializer: bytes}; empty: none), and
+    what the proof found of the file's other outputs against the export run under onnxruntime's defaults, whose
+    kernels still prepack them (proof._drift's; None until proven)."""
+    sizes: dict
+    drift: dict | None = None
+
+    def __bool__(self):
+        return bool(self.sizes)
+
+
 def in_place(model, found, say):
     """read_in_place(model) where why_not finds no reason against it (the reason said, where weights are shared):
-    ({initializer: bytes} of the shared weights now read in place, or {}; undo())."""
+    (Shared of the weights now read in place, or of none; undo())."""
     why = why_not(model, found)
     if why is None:
-        return read_in_place(model)
+        sizes, undo = read_in_place(model)
+        return Shared(sizes), undo
     if shared_weights(model):
         say(f"retie: the weights its branches share are left as they are ({why})\n")
-    return {}, lambda: None
+    return Shared({}), lambda: None

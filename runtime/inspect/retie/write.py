@@ -25,9 +25,10 @@ def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_pla
     failures: empty when proven, the retied model's figures under the defaults where measured (a single file: `out`
     given), else None); the caller places or discards it. InspectError when the original cannot be run
     on the proof's feeds (nothing about the retie is known). `upstream`: the inputs other files of a folder make
-    (proof._fed_from); `in_place`: the weights retie.branches read in place ({name: bytes}), so the original is run
-    with prepacking off and no session may prepack them; `keep`: retie.keep.keep_last's, the heads that keep the
-    last k positions (the staged model's `kept`: the proof's {"exact"} then, else None)."""
+    (proof._fed_from); `in_place`: the weights retie.branches read in place (branches.Shared, its drift set from the
+    proof), so the original is run with prepacking off and no session may prepack them; `keep`:
+    retie.keep.keep_last's, the heads that keep the last k positions (the staged model's `kept`: the proof's
+    {"exact"} then, else None)."""
     limits.progress(f"writing the retied model beside {out}, to prove it" if out else
                     "writing the retied model to the scratch folder, to prove it")
     # checked, like everything else, in the child; proven where it is written, and placed as it was proven
@@ -59,6 +60,8 @@ def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_
             raise InspectError(f"{model.path} cannot be proven on this machine, nothing written: "
                                f"{answer['original']} (--proof-past N sets the past length)")
         failures = answer["failures"]
+        if in_place:
+            in_place.drift = answer.get("drift")
         if keep is not None:
             keep["kept"] = answer.get("kept")
         if answer["data"]:  # a tensor of a table's size made: written again with its data, to be compared
@@ -70,7 +73,7 @@ def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_
     retied, retied_optimized = load(staged), load(optimized, folder, layout_only=not answer["data"])
     copies = runtime_copies(retied, retied_optimized, finals)
     prepacked = prepacked_copies(retied_optimized.proto)
-    packed = sorted({p["initializer"] for p in prepacked} & set(in_place or ()))
+    packed = sorted({p["initializer"] for p in prepacked} & set(in_place.sizes if in_place else ()))
     if packed:
         failures.append(f"onnxruntime still prepacks {packed[0]}, a weight read in place")
     before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
@@ -91,16 +94,17 @@ def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_
 def proven_in_place(model, found, rewritten, sources, folder, limits, say, upstream=(), out=None, keep=None):
     """proven(), a merged decoder's shared weights read in place first (branches.in_place); where that is not
     proven, the weights are left as they were and the rest proven alone: (staged, held, failures, the weights read
-    in place or {}, proven()'s figures)."""
-    weights, undo = branches.in_place(model, found, say) if rewritten else ({}, lambda: None)  # --logits-to-keep
-    # alone leaves the weights as they are: its k = 0 is then the original as users run it, bit for bit
+    in place (branches.Shared, empty where none), proven()'s figures)."""
+    # --logits-to-keep alone leaves the weights as they are: its k = 0 is then the original as users run it, bit for bit
+    weights, undo = branches.in_place(model, found, say) if rewritten else (branches.Shared({}), lambda: None)
     staged, held, failures, measured = proven(model, found, rewritten, sources, folder, limits, upstream, weights,
                                               out, keep)
     if weights and failures:
         say(f"retie: the weights its branches share are left as they are (read in place: {failures[0]})\n")
         undo()
         staged.discard()
-        weights, alone = {}, os.path.join(folder, "weights_as_they_were")  # apart: nothing is overwritten
+        # apart: nothing is overwritten
+        weights, alone = branches.Shared({}), os.path.join(folder, "weights_as_they_were")
         os.mkdir(alone)
         staged, held, failures, measured = proven(model, found, rewritten, sources, alone, limits, upstream,
                                                   out=out, keep=keep)
@@ -183,16 +187,32 @@ def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):
     changed = [f"{heads} head{'s' if heads != 1 else ''} now a Gemm on its run-time view"] if heads else []
     changed += [f"{lookups} lookup{'s' if lookups != 1 else ''} now reading the head's codes"] if lookups else []
     if weights:
-        size = sum(weights.values())
+        size = sum(weights.sizes.values())
         size = f"{size / 2**20:.1f} MiB" if size >= 2**20 // 10 else f"{size} bytes"
-        changed.append(f"the {len(weights)} weight{'s' if len(weights) != 1 else ''} its branches share ({size}, each "
-                       "prepacked once per branch before) read in place")
+        changed.append(f"the {len(weights.sizes)} weight{'s' if len(weights.sizes) != 1 else ''} its branches share "
+                       f"({size}, each prepacked once per branch before) read in place")
     merged = any(v.name == "use_cache_branch" for v in model.proto.graph.input)
     feeds = describe(shape) + (", both branches of use_cache_branch" if merged else "") + "".join(
         f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
-    against = f" with the export's run under {counting.NO_PREPACKING}" if weights else ""
     return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "
-            f"the logits within float32's rounding bound, every other output bit for bit{against}\n")
+            f"the logits within float32's rounding bound, every other output {_others(weights)}\n")
+
+
+def _others(weights):
+    """What the proof found of the outputs other than the heads: bit for bit, and where a merged decoder's weights
+    are read in place, against which run of the export, and how far they lie from its run under the defaults."""
+    if not weights:
+        return "bit for bit"
+    drift = weights.drift
+    if drift is None:
+        return f"bit for bit with the export's run under {counting.NO_PREPACKING}"
+    if not drift["most"]:
+        return f"bit for bit with the export's run under the defaults and under {counting.NO_PREPACKING}"
+    # not a bound on every feed: the export's own two runs differ so, their products each within float32's bound
+    return (f"bit for bit with the export's run under {counting.NO_PREPACKING}; under the defaults the export's "
+            "kernels read their own packed copies and sum a row's products in another order, each product within "
+            f"float32's rounding bound of the other's: its outputs lay within {drift['most']:.2g} of these on these "
+            f"feeds ({drift['output']}, {drift['at']}; values up to {drift['largest']:.2g})")
 
 
 def gained_line(table, copies, was, figures, on_disk):

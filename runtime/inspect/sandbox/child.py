@@ -65,11 +65,11 @@ def _measure(job):
     stand only where that is small)."""
     import onnxruntime
 
-    from runtime.inspect.sandbox.feeds import shaped_feeds
+    from runtime.inspect.sandbox.feeds import first_feeds
     from runtime.resident import owned_bytes, session_growth
     model, folder = _model(job)
     proto = _proto(model, folder)
-    feeds = shaped_feeds(proto, job["rows"], job["shape"], job["shape"]["lengths"][0])
+    feeds = first_feeds(proto, job["rows"], job["shape"])
     if not job.get("layout"):
         del proto
         return session_growth(model, feeds, job["prepacking"], data_folder=folder)
@@ -81,13 +81,13 @@ def _measure(job):
 
 def _measure_together(job):
     """What sessions on every file of a folder add when one process holds them all (Pss), after one run each."""
-    from runtime.inspect.sandbox.feeds import shaped_feeds
+    from runtime.inspect.sandbox.feeds import first_feeds
     from runtime.resident import sessions_growth
     models = []
     for part in job["files"]:
         model, folder = _model(part)
         proto = _proto(model, folder)
-        models.append((model, folder, shaped_feeds(proto, part["rows"], part["shape"], part["shape"]["lengths"][0])))
+        models.append((model, folder, first_feeds(proto, part["rows"], part["shape"])))
         del proto
     return sessions_growth(models, job["prepacking"])
 
@@ -95,18 +95,20 @@ def _measure_together(job):
 def _prove(job):
     """The proof's failures and, where the retied model's session wrote its optimized model's layout, whether that
     layout holds a tensor of job["sizes"] elements it did not (its data must then be written to be compared), the
-    session's figures where job["measure"], and the bytes writing the layout held (resident.owned_bytes)."""
+    session's figures where job["measure"], the bytes writing the layout held (resident.owned_bytes), and where the
+    weights are read in place how far the other outputs lie from the original's under the defaults (proof._drift)."""
     from runtime.inspect.sandbox.proof import OriginalFails, prove
     from runtime.resident import owned_bytes
     try:
-        failures, figures, kept = prove(job)
+        proven = prove(job)
     except OriginalFails as e:
         return {"failures": [], "original": str(e)}
+    answer = {"failures": proven.failures, "kept": proven.kept, "drift": proven.drift}
     if not job.get("layout"):
-        return {"failures": failures, "kept": kept}
+        return answer
     retied, layout = _proto(job["after"]), _proto(job["layout"])
-    return {"failures": failures, "data": _copies_to_compare(retied, layout, job.get("sizes")),
-            "measured": figures, "owned_bytes": owned_bytes(retied, layout), "kept": kept}
+    return {**answer, "data": _copies_to_compare(retied, layout, job.get("sizes")), "measured": proven.figures,
+            "owned_bytes": owned_bytes(retied, layout)}
 
 
 def _prefill(job):

@@ -14,6 +14,8 @@ BATCH, SEQUENCE, PAST = 1, 3, 4  # the defaults; GroupQueryAttention wants batch
 
 LENGTHS = (SEQUENCE, 1)  # new tokens per proof run: a prompt's worth, then one decoding step
 
+SHORT_PASTS = (0, 3)  # one new token after these too: a kernel that multiplies one row may sum it another way
+
 _WINDOW_ATTRIBUTES = ("local_window_size", "sliding_window", "window_size")  # GroupQueryAttention, others
 
 
@@ -41,13 +43,14 @@ def _hints(model_path):
             windows.append(_count(config.get(key)))
         contexts.append(_count(config.get("max_position_embeddings")))
     return {"windows": [w for w in windows if w], "context": min(filter(None, contexts), default=None),
-            "head_size": sidecars.genai_head_size(model_path)}
+            "head_size": sidecars.genai_head_size(model_path), "genai": bool(decoder)}
 
 
 def plan(model, model_path, past=None):
-    """{past, lengths, head_size, why}: the past length (at least every window the model's attention nodes or its
-    config declare, unless `past` is given), the new-token counts to run (within the declared context) and the
-    head size genai_config.json gives, for a checked Model's proto at `model_path`."""
+    """{past, lengths, steps, head_size, why, context}: the past length (at least every window the model's attention
+    nodes or its config declare, unless `past` is given), the runs to make as [past, new tokens] (steps(), within
+    the declared context; `lengths` their new-token counts) and the head size genai_config.json gives, for a
+    checked Model's proto at `model_path`."""
     hints = _hints(model_path)
     windows = hints["windows"] + [_count(a.i) for node in model.graph.node for a in node.attribute
                                   if a.name in _WINDOW_ATTRIBUTES and a.type == a.INT and not a.ref_attr_name]
@@ -56,9 +59,26 @@ def plan(model, model_path, past=None):
     why = (f"--proof-past {past}" if past is not None else
            f"a window of {max(windows)} declared" if windows and max(windows) > PAST else "the default")
     context = hints["context"]
-    lengths = [n for n in LENGTHS if context is None or chosen + n <= context] or [1]
-    return {"past": chosen, "lengths": lengths, "head_size": hints["head_size"] or _attention_head_size(model),
-            "why": why, "context": context}
+    steps = [s for s in _steps(model, chosen, hints["genai"] and not windows, why == "the default")
+             if context is None or sum(s) <= context] or [[chosen, 1]]
+    return {"past": chosen, "lengths": sorted({n for _, n in steps}, reverse=True), "steps": steps,
+            "head_size": hints["head_size"] or _attention_head_size(model), "why": why, "context": context}
+
+
+def _steps(model, past, prompt_first, short):
+    """[[past, new tokens]]: SEQUENCE new tokens after `past` (at past 0 where `prompt_first`: onnxruntime-genai's
+    builder masks several new tokens only as a prompt, and genai feeds them so), then one after `past`; where `short`
+    and the model's past length is a free dim, one new token after each of SHORT_PASTS as well."""
+    steps = [[0 if prompt_first else past, SEQUENCE], [past, 1]]
+    if short and _free_past(model):
+        steps += [[p, 1] for p in SHORT_PASTS if [p, 1] not in steps]
+    return steps
+
+
+def _free_past(model):
+    """Whether an input of the model is a past whose length is a named dim (a KV cache any length can fill)."""
+    return any("past" in d.dim_param.lower() for v in model.graph.input if "past" in v.name
+               for d in v.type.tensor_type.shape.dim if not d.HasField("dim_value"))
 
 
 def _attention_head_size(model):
@@ -88,10 +108,25 @@ def _attention_head_size(model):
     return None
 
 
+def steps(shape):
+    """A plan()'s [[past, new tokens]] (one planned before steps were: its past, each of its lengths)."""
+    return shape.get("steps") or [[shape["past"], n] for n in shape["lengths"]]
+
+
 def describe(shape):
-    """'past 64 (a window of 64 declared), 3 and 1 new tokens' for a plan()."""
-    counts = " and ".join(str(n) for n in shape["lengths"])
-    return f"past {shape['past']} ({shape['why']}), {counts} new token{'s' if shape['lengths'] != [1] else ''}"
+    """'3 new tokens after past 4 (the default); 1 after past 4, 0 and 3' for a plan()."""
+    said, groups = False, {}
+    for past, n in steps(shape):
+        groups.setdefault(n, []).append(past)
+    parts = []
+    for n, pasts in groups.items():
+        named = []
+        for past in pasts:
+            named.append(f"{past} ({shape['why']})" if past == shape["past"] and not said else str(past))
+            said = said or past == shape["past"]
+        pasts = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else named[0]
+        parts.append(f"{n}{' new token' + ('s' if n != 1 else '') if not parts else ''} after past {pasts}")
+    return "; ".join(parts)
 
 
 def _dim(name, head_size, past, sequence):
@@ -143,11 +178,18 @@ class NoFeeds(ValueError):
     """The model's inputs cannot be fed: a type or shape no array of this machine has (one line says which)."""
 
 
-def shaped_feeds(model, rows, shape, sequence, seed=0):
-    """feeds_for at a plan()'s past and head size and `sequence` new tokens; NoFeeds naming the input that cannot
-    be made (a map or optional input, a scalar position_ids, a negative or huge dimension)."""
+def shaped_feeds(model, rows, shape, sequence, seed=0, past=None):
+    """feeds_for at a plan()'s head size, `sequence` new tokens after `past` (None: the plan's past); NoFeeds naming
+    the input that cannot be made (a map or optional input, a scalar position_ids, a negative or huge dimension)."""
+    past = shape["past"] if past is None else past
     try:
-        return feeds_for(model, rows, np.random.default_rng(seed), shape.get("head_size"), shape["past"], sequence)
+        return feeds_for(model, rows, np.random.default_rng(seed), shape.get("head_size"), past, sequence)
     except (KeyError, IndexError, TypeError, ValueError, MemoryError, OverflowError) as e:
         raise NoFeeds(f"no feeds can be made for its inputs ({type(e).__name__}: {str(e)[:200] or 'no detail'})") \
             from None
+
+
+def first_feeds(model, rows, shape):
+    """shaped_feeds of a plan()'s first step: what a measuring run feeds."""
+    past, sequence = steps(shape)[0]
+    return shaped_feeds(model, rows, shape, sequence, past=past)

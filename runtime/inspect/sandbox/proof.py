@@ -1,6 +1,8 @@
 """The retie proof: both models run on the same decoder feeds (feeds.plan's; in a folder, an input another file
 makes is that file's output); heads agree within float32's bound, the rest bit for bit. It runs in the isolated child (runtime.inspect.sandbox.isolated), since it opens sessions on an untrusted
 model and runs onnx's shape inference on it."""
+from typing import NamedTuple
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -8,7 +10,7 @@ from onnx import helper
 from runtime.model.read.checked import source
 from runtime.model.read.model import graph_paths, load
 from runtime.inspect.sandbox import agree
-from runtime.inspect.sandbox.feeds import NoFeeds, describe, shaped_feeds
+from runtime.inspect.sandbox.feeds import NoFeeds, describe, shaped_feeds, steps
 from runtime.resident import session_growth
 from runtime.runner import Runner, layout_session
 
@@ -93,17 +95,25 @@ class OriginalFails(Exception):
     """onnxruntime cannot run the original model on the proof's feeds: nothing about the retie can be proven."""
 
 
+class Proven(NamedTuple):
+    """What prove() found: one-line failures (empty: proven); the retied model's measured figures or None; with
+    job["keep"] {"exact": whether the last position's logits at k = 1 are the original's bit for bit}, else None;
+    where job["in_place"], _drift's, else None."""
+    failures: list
+    figures: dict | None
+    kept: dict | None
+    drift: dict | None = None
+
+
 def prove(job):
-    """(one-line failures (empty: proven), the retied model's measured figures or None, with job["keep"]
-    {"exact": whether the last position's logits at k = 1 are the original's bit for bit} else None) for job
-    {before, checked (its Model's), after, rewritten: [[output, hidden, table, transposed, now]], rows, shape
-    (feeds.plan), folder, in_place (retie.branches read the weights in place: the original is run with prepacking
-    off, as its kernels then read them), keep (retie.keep's: the retied model is run at k = 0, every output then
-    the original's, and at k = 1, the logits then the original's last position within the head's bound,
-    everything else bit for bit), layout (where the retied model's session writes its optimized model's layout,
-    if anywhere), measure (whether to measure that session: a single file's retie)}; OriginalFails when the
-    original itself does not run on those feeds. The original is read as checked (isolated.source), never from a
-    file swapped in since."""
+    """Proven for job {before, checked (its Model's), after, rewritten: [[output, hidden, table, transposed, now]],
+    rows, shape (feeds.plan), folder, in_place (retie.branches read the weights in place: the original is run with
+    prepacking off, as its kernels then read them, and once more under the defaults for _drift), keep (retie.keep's:
+    the retied model is run at k = 0, every output then the original's, and at k = 1, the logits then the
+    original's last position within the head's bound, everything else bit for bit), layout (where the retied
+    model's session writes its optimized model's layout, if anywhere), measure (whether to measure that session: a
+    single file's retie)}; OriginalFails when the original itself does not run on those feeds. The original is read
+    as checked (isolated.source), never from a file swapped in since."""
     data, folder = source(job["checked"])
     before = load(job["before"], folder, data=data)
     del data
@@ -114,34 +124,16 @@ def prove(job):
     head_of = {output: (hidden, table) for output, hidden, table, *_ in job["rewritten"] if output}
     chains = agree.chains(before, head_of)
     watched = hidden_names + sorted(h for h in head_of if h not in {o.name for o in before.proto.graph.output})
-    feed_sets, made = [], {}  # [(sequence, what branch, feeds)]
-    for sequence in job["shape"]["lengths"]:
-        try:
-            runs = _branch_feeds(before.proto, job["rows"], job["shape"], sequence)
-        except NoFeeds as e:  # the inputs cannot be made, so nothing can be run
-            raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
-                                f"({describe(dict(job['shape'], lengths=[sequence]))}): {e}") from None
-        for branch, feeds in runs:
-            for upstream in job.get("upstream", []):
-                feeds = _fed_from(feeds, upstream, made)
-            feed_sets.append((sequence, branch, feeds))
-    made.clear()  # the other files' sessions: their outputs are fed, and are all they were for
+    feed_sets = _feed_sets(job, before)
     feeds_only = [f for *_, f in feed_sets]
     # one session of each model, run on every feed set in turn: one load each, one held at a time. The retied model
     # first, as it was staged, nothing shown: its session also writes its optimized model's layout (the copies it
     # holds) and, with job["measure"], is measured after its first run, in this process still fresh
     keep = job.get("keep")
+    kept_heads, nbits = _kept_heads(keep, before, tables) if keep else ({}, {})
     if keep:  # the heads that keep the last k positions: their hidden vectors shown, their tables read for a bound
-        kept_heads = {out: (hidden, table) for out, (hidden, table, _, float_head, _) in keep["heads"].items()
-                      if float_head}
-        nbits = {out: (hidden, table, how) for out, (hidden, table, _, _, how) in keep["heads"].items()
-                 if how}  # MatMulNBits: bounded against its decoded table; any other quantized head bit for bit
         watched = sorted(set(watched) | {h for h, *_ in keep["heads"].values()} |
                          {o for o in keep["heads"] if o not in {v.name for v in before.proto.graph.output}})
-        for hidden, table, as_table, float_head, _ in keep["heads"].values():
-            if float_head and table not in tables:
-                tables[table] = before.tensors[table].values() if as_table else before.tensors[table].values().T
-    session = None
     try:
         session, figures = _retied(job, feeds_only[0])
         if keep:  # k = 0 and k = 1 fed: the default, whichever it is, is one of them
@@ -155,41 +147,98 @@ def prove(job):
         raise
     session = None  # let go before the original's opens
     olds = _originals(job, before, folder, watched, feed_sets)
-    failures, every = [], {**(kept_heads if keep else {}), **head_of}  # a retied head's bound: its table's
+    failures, every = [], {**kept_heads, **head_of}  # a retied head's bound: its table's
     all_bounds = agree.bounds(olds, every, tables)
-    for (sequence, branch, _), old, new, bounds in zip(feed_sets, olds, news, all_bounds):
-        said = f"{sequence} new token(s){branch}" + (f", {keep['input']} 0" if keep else "")
+    for (said, _), old, new, bounds in zip(feed_sets, olds, news, all_bounds):
+        said += f", {keep['input']} 0" if keep else ""
         failures += [f"{said}: {f}" for f in agree.compare(old, new, head_of, chains, tables, bounds)]
+    drift = _drift(before, folder, feed_sets, news, set(chains) | set(every)) if job.get("in_place") else None
     if not keep:
-        return failures, figures, None
+        return Proven(failures, figures, None, drift)
     every.update({out: (hidden, table) for out, (hidden, table, _) in nbits.items()})
-    last_chains, exact = agree.chains(before, every), True
-    for (sequence, branch, _), old, new, bounds in zip(feed_sets, olds, lasts, all_bounds):
+    more, exact = _last_failures(before, keep, every, nbits, tables, zip(feed_sets, olds, lasts, all_bounds))
+    return Proven(failures + more, figures, {"exact": exact}, drift)
+
+
+def _feed_sets(job, before):
+    """[(what it is, feeds)]: the proof's feeds for each of the plan's steps (feeds.plan), each branch of a merged
+    decoder, inputs another file makes made by that file; OriginalFails where no feeds can be made."""
+    feed_sets, made = [], {}
+    for past, sequence in steps(job["shape"]):
+        try:
+            runs = _branch_feeds(before.proto, job["rows"], job["shape"], sequence, past)
+        except NoFeeds as e:  # the inputs cannot be made, so nothing can be run
+            raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
+                                f"({describe(dict(job['shape'], steps=[[past, sequence]]))}): {e}") from None
+        for branch, feeds in runs:
+            for upstream in job.get("upstream", []):
+                feeds = _fed_from(feeds, upstream, made)
+            feed_sets.append((describe(dict(job["shape"], steps=[[past, sequence]])) + branch, feeds))
+    made.clear()  # the other files' sessions: their outputs are fed, and are all they were for
+    return feed_sets
+
+
+def _kept_heads(keep, before, tables):
+    """({output: (hidden, table)} of the float heads that keep the last k positions, {output: (hidden, table, how)}
+    of the MatMulNBits ones, bounded against their decoded table; any other quantized head bit for bit); each float
+    head's table added to `tables`, [vocab, width]."""
+    kept_heads = {out: (hidden, table) for out, (hidden, table, _, float_head, _) in keep["heads"].items()
+                  if float_head}
+    nbits = {out: (hidden, table, how) for out, (hidden, table, _, _, how) in keep["heads"].items() if how}
+    for hidden, table, as_table, float_head, _ in keep["heads"].values():
+        if float_head and table not in tables:
+            tables[table] = before.tensors[table].values() if as_table else before.tensors[table].values().T
+    return kept_heads, nbits
+
+
+def _last_failures(before, keep, every, nbits, tables, runs):
+    """(failures, whether the kept outputs are bit for bit) at k = 1: each of `runs` [((what, feeds), the original's
+    outputs, the retied model's at k = 1, agree.bounds' entry)] against the original's last position."""
+    failures, last_chains, exact = [], agree.chains(before, every), True
+    for (said, _), old, new, bounds in runs:
         old = agree.last_position(old, set(keep["outputs"]) | set(every) | {h for h, _ in every.values()})
         bounds = {key: b[..., -1:, :] for key, b in bounds.items()}
         for hidden, table, how in nbits.values():
             found = agree.nbits_bound(before, old[hidden], how) if hidden in old and old[hidden].size else None
             if found is not None:
                 bounds[hidden, table] = found
-        failures += [f"{sequence} new token(s){branch}, {keep['input']} 1: {f}"
+        failures += [f"{said}, {keep['input']} 1: {f}"
                      for f in agree.compare(old, new, every, last_chains, tables, bounds)]
         exact = exact and all(name in new and np.array_equal(old[name].view(np.uint8), new[name].view(np.uint8))
                               for name in keep["outputs"])
-    return failures, figures, {"exact": exact}
+    return failures, exact
+
+
+def _drift(before, folder, feed_sets, news, heads):
+    """How far the retied model's outputs (`news`, one run of each of `feed_sets`), other than `heads`, lie from
+    the original's run under onnxruntime's defaults, whose MatMul kernels read their own prepacked copies of the
+    weights the retied model reads in place (and sum one row's products in another order than the unpacked
+    kernel): {"most": the largest absolute difference (inf where NaN meets a number), "output", "at": the feed
+    set, "largest": the largest |value| of that output there}, the first of the largest."""
+    drift = {"most": 0.0, "output": None, "at": None, "largest": 0.0}
+    runs = _runs(Runner(before.proto, data_folder=folder).session, {}, [f for _, f in feed_sets])
+    for (said, _), new, old in zip(feed_sets, news, runs):
+        for name in (n for n in new if n in old and n not in heads and old[n].shape == new[n].shape):
+            a, b = old[name].astype(np.float64), new[name].astype(np.float64)
+            gap = np.where(np.isnan(a) & np.isnan(b), 0.0, np.abs(a - b))  # NaN against a number: a NaN gap
+            most = float(np.max(np.nan_to_num(gap, nan=np.inf), initial=0.0))
+            if most > drift["most"]:
+                drift = {"most": most, "output": name, "at": said, "largest": float(np.max(np.abs(a), initial=0.0))}
+    runs.close()
+    return drift
 
 
 def _originals(job, before, folder, watched, feed_sets):
     """The original model's outputs (and the `watched` values it shows) on each of `feed_sets`, from one session;
     OriginalFails where onnxruntime refuses it (then nothing about the retie is known)."""
     olds, feeds_only = [], [f for *_, f in feed_sets]
-    for sequence, branch, _ in feed_sets:
+    for said, _ in feed_sets:
         try:
             if not olds:  # a file whose weights the retie reads in place (retie.branches) against the export unpacked
                 originals = _runs(*_original(before.proto, folder, watched, not job.get("in_place")), feeds_only)
             olds.append(_outputs_of(next(originals)))
         except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
-            raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
-                                f"({describe(dict(job['shape'], lengths=[sequence]))}{branch}): "
+            raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds ({said}): "
                                 f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:300]}") from None
     originals.close()
     return olds
@@ -208,10 +257,10 @@ def _retied(job, first):
     return Runner(job["after"]).session, None
 
 
-def _branch_feeds(model, rows, shape, sequence):
+def _branch_feeds(model, rows, shape, sequence, past):
     """[(what, feeds)]: the proof's feeds, and for a merged decoder (a bool `use_cache_branch` input) the same with
     the branch that reads no past too, so that both branches run."""
-    feeds = shaped_feeds(model, rows, shape, sequence)
+    feeds = shaped_feeds(model, rows, shape, sequence, past=past)
     if "use_cache_branch" not in feeds or feeds["use_cache_branch"].dtype != np.bool_:
         return [("", feeds)]
     return [(", use_cache_branch true", feeds),
