@@ -5,7 +5,7 @@ import os
 from runtime.model.findings import counting
 from runtime.model.findings.counting import SETTINGS
 from runtime.model.findings.copies import copy_sizes, runtime_copies
-from runtime.model.findings.relations import copy_key, relate, vocabulary
+from runtime.model.findings.relations import copy_key, relate, table_shaped, vocabulary
 from runtime.model.found import static_findings
 from runtime.model.graph.walk import find_tables_and_heads, lookup_ids
 from runtime.model.graph.weights import shared_weights
@@ -58,12 +58,14 @@ class Examination:
         self.shape = feeds.plan(model.proto, model.path, proof_past)
         self.folder = folder
         self.tables, self.heads = find_tables_and_heads(model)
+        # what a copy onnxruntime makes may hold: a table's values (a folder's other files' tables may be any head's)
+        self.watched = self.tables + (table_shaped(self.tables, self.heads) if measure else self.heads)
         self.rows = {lookup_ids(t): t["vocab"] for t in self.tables}  # each lookup's ids, and the rows they may name
         self.measure = measure and bool(self.tables)
         inline = sum(t.nbytes for t in model.tensors.values() if t.external is None)
         self.merged = self.measure and inline <= OWNED_MOST and not memory.too_large(model.file_bytes)
         self.job = {"kind": "optimize", "checked": model.checked, "out": os.path.join(folder, "optimized.onnx"),
-                    "folder": folder, "sizes": copy_sizes(model, self.tables + self.heads)}
+                    "folder": folder, "sizes": copy_sizes(model, self.watched)}
         if self.merged:
             self.first = isolated.start(
                 {**self.job, "kind": "measure", "layout": self.job["out"], "rows": self.rows, "shape": self.shape,
@@ -84,13 +86,11 @@ class Examination:
 
     def finish(self):
         """inspect_model's dict (the child stopped on the way out, whatever happens)."""
-        model = self.model
         try:
             optimized, measured = self._optimized_and_measured()
         finally:
             self.first.stop()
-        return found(model, self.tables, self.heads, self.pairs, self.rows, self.shape, self.job["out"], optimized,
-                     measured)
+        return found(self, optimized, measured)
 
     def _measured(self, settings):
         """memory.measure's figures under `settings`, side by side where the machine has the cores and memory."""
@@ -141,13 +141,16 @@ def optimized_version(optimizing, path):
         raise InspectError(f"{path}: onnxruntime cannot load it: {str(e).split(': ', 1)[-1]}") from None
 
 
-def found(model, tables, heads, pairs, rows, shape, optimized_path, answer, measured):
-    """inspect_model's dict, from what the parent read and what onnxruntime's optimized model (at `optimized_path`,
-    its child's `answer`: optimized_version's) and the measurements show."""
+def found(exam, answer, measured):
+    """inspect_model's dict, from what the parent read (an Examination's model, tables, heads, pairs, rows, shape)
+    and what onnxruntime's optimized model (at its job's out, its child's `answer`: optimized_version's) and the
+    measurements show. Only the tables and the heads that can hold their values are watched for copies."""
+    model, tables, heads, pairs, rows, shape = exam.model, exam.tables, exam.heads, exam.pairs, exam.rows, exam.shape
+    optimized_path = exam.job["out"]
     optimized = load(optimized_path, os.path.dirname(optimized_path), layout_only=not answer.get("data", True))
     version = answer["onnxruntime"]
     prepacked = prepacked_copies(optimized.proto)
-    watched = list(dict.fromkeys([t["initializer"] for t in tables] + [h["initializer"] for h in heads]))
+    watched = list(dict.fromkeys(e["initializer"] for e in exam.watched))
     initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
                      "bytes": t.nbytes} for t in model.tensors.values()]
     copies = runtime_copies(model, optimized, watched)

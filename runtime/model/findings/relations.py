@@ -45,6 +45,14 @@ def stored_as_table(entry):
     return entry.get("as_table", entry["flips"] % 2 == 0)
 
 
+def table_shaped(tables, heads):
+    """The heads whose vocab x width is some table's: only they can hold a table's values, in whatever layout
+    (transposed, quantized blocks: an entry's vocab and width are logical). Every other matmul weight (a layer's)
+    is distinct from every table without a byte read."""
+    shapes = {(t["vocab"], t["width"]) for t in tables}
+    return [h for h in heads if (h["vocab"], h["width"]) in shapes]
+
+
 def relate(model, tables, heads):
     """[{table, head, relation, wasted_bytes, node, via_transpose, max_error_in_scales}] for every table/head pair of
     the same vocab x width: `shared` (one stored tensor, whatever view each op takes), `duplicate` or
@@ -53,7 +61,7 @@ def relate(model, tables, heads):
     max_error_in_scales is their largest difference in units of the quantized one's scale; or two quantizations
     of one table, in units of their mean scale, the head's bytes wasted; never a tie), or `distinct`."""
     pairs, digest, values = [], Digests(model), Values()
-    by_shape, named = {}, {}
+    by_shape, named, heads = {}, {}, table_shaped(tables, heads)
     for head in heads:
         by_shape.setdefault((head["vocab"], head["width"]), []).append(head)
     for entry in tables + heads:
