@@ -11,6 +11,7 @@ from embed import Terminated, UsageError, raise_on_sigterm, run_cli
 from runtime.inspect import answer, usage
 from runtime.inspect.examine import inspect_model
 from runtime.inspect.examine_folder import inspect_folder
+from runtime.model.findings.counting import measured_settings
 from runtime.model.findings.prefill import all_positions
 from runtime.model.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report
@@ -159,7 +160,8 @@ def _work(args, prog, folder):
     said = _Held(sys.stderr) if args.json else sys.stdout  # a retie's lines: stdout holds the report, or the JSON
     try:
         if os.path.isdir(args.model):
-            result = inspect_folder(args.model, folder, limits, args.proof_past, args.files, args.static)
+            result = inspect_folder(args.model, folder, limits, args.proof_past, args.files, args.static,
+                                    measured_settings(args.verbose))
             progress.done()
             for it in result["items"]:
                 it["info"]["prefill"] = all_positions(it["info"], it["model"], args.prompt_length)
@@ -173,7 +175,8 @@ def _work(args, prog, folder):
                 status = retie_folder(result, args.retie, folder, limits, _writer(said, progress), args.logits_to_keep)
                 return _released(said, status)
             return _checked(args, folder_verdict(result))
-        info = inspect_model(args.model, folder, limits, args.proof_past, args.static)
+        info = inspect_model(args.model, folder, limits, args.proof_past, args.static,
+                             measured_settings(args.verbose))
         info["prefill"] = all_positions(info, info["model"], args.prompt_length)
         if not args.static:
             time_prefill(info["model"], info, folder, limits)

@@ -1,6 +1,6 @@
 """What inspect costs on a many-layer export (issue 47): only a weight that can hold a table's values (one of a
-table's vocab x width) is read and related; a layer's weights are never read. These tests time nothing: they count
-the reads of each initializer."""
+table's vocab x width) is read and related, a layer's weights never; a default run measures the defaults only
+(prepacking off under --verbose, which alone shows it). These tests time nothing: they count reads and children."""
 import collections
 
 import onnx
@@ -9,8 +9,9 @@ import pytest
 from runtime.inspect.examine import inspect_model
 from runtime.inspect.examine_folder import inspect_folder
 from runtime.inspect.sandbox import isolated
+from runtime.model.findings.counting import measured_settings
 from runtime.model.read import model as read_model
-from tests.helpers import layered
+from tests.helpers import layered, tied
 
 LAYERS = 12
 
@@ -59,3 +60,36 @@ def test_layered_file_reads_no_layer_weight(tmp_path, reads):
         == [("embedding", "lm_head", "transposed_duplicate")]
     assert len([c for c in found["runtime_copies"] if c["shape"] == [16, 16]]) == LAYERS  # the folded copies
     assert _layer_reads(reads) == {}
+
+
+@pytest.fixture
+def children(monkeypatch):
+    """Each isolated child the parent starts, as (kind, prepacking)."""
+    started, start = [], isolated.start
+
+    def recording(job, *args, **kwargs):
+        started.append((job["kind"], job.get("prepacking")))
+        return start(job, *args, **kwargs)
+    monkeypatch.setattr(isolated, "start", recording)
+    return started
+
+
+def test_tied_default_run_measures_the_defaults_only(tmp_path, children):
+    path = tied(str(tmp_path / "m.onnx"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    entry = inspect_model(path, str(scratch))["vocabulary"][0]["in_memory"]
+    assert (False not in [prepacking for _, prepacking in children]), children  # no child with prepacking off
+    assert entry["defaults"]["resident_bytes"] is not None
+    off = entry["no_prepacking"]  # the key kept: its copies counted from the optimized model, nothing measured
+    assert off["copies"] == 1 and [off[k] for k in ("resident_bytes", "anonymous_bytes", "file_bytes", "peak_bytes",
+                                                    "times_table")] == [None] * 5
+
+
+def test_tied_verbose_run_measures_prepacking_off_too(tmp_path, children):
+    path = tied(str(tmp_path / "m.onnx"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    entry = inspect_model(path, str(scratch), measure=measured_settings(verbose=True))["vocabulary"][0]["in_memory"]
+    assert ("measure", False) in children
+    assert entry["no_prepacking"]["copies"] == 1 and entry["no_prepacking"]["resident_bytes"] is not None
