@@ -101,5 +101,5 @@ def _prefill(info, file):
              "copies_in_memory": None, "wasted_bytes_on_disk": None,
              "wasted_bytes_in_memory": p["logits_bytes"] - p["row_bytes"], "fix": fix, "why_not": why,
              "prompt_tokens": p["prompt_tokens"], "logits_bytes": p["logits_bytes"], "output": p["output"],
-             "timing": p.get("timing")}
+             "counted": p.get("counted"), "timing": p.get("timing")}
             for p in found]
