@@ -1,6 +1,7 @@
 """What inspect costs on a many-layer export (issue 47): only a weight that can hold a table's values (one of a
 table's vocab x width) is read and related, a layer's weights never; a default run measures the defaults only
-(prepacking off under --verbose, which alone shows it). These tests time nothing: they count reads and children."""
+(prepacking off under --verbose, which alone shows it); findings stay linear in the heads and outputs (one walk
+of the graph for every head's scored output). These tests time nothing: they count reads, children and walks."""
 import collections
 
 import onnx
@@ -11,7 +12,7 @@ from runtime.inspect.examine_folder import inspect_folder
 from runtime.inspect.sandbox import isolated
 from runtime.model.findings.counting import measured_settings
 from runtime.model.read import model as read_model
-from tests.helpers import layered, tied
+from tests.helpers import layered, many_tables, tied
 
 LAYERS = 12
 
@@ -93,3 +94,45 @@ def test_tied_verbose_run_measures_prepacking_off_too(tmp_path, children):
     entry = inspect_model(path, str(scratch), measure=measured_settings(verbose=True))["vocabulary"][0]["in_memory"]
     assert ("measure", False) in children
     assert entry["no_prepacking"]["copies"] == 1 and entry["no_prepacking"]["resident_bytes"] is not None
+
+
+class _CountedOutputs:
+    """A scope's GraphProto whose `output` list counts the times it is read: one pass over the outputs a walk."""
+
+    def __init__(self, graph, passes):
+        self._graph, self._passes = graph, passes
+
+    def __getattr__(self, name):
+        if name == "output":
+            self._passes.append(1)
+        return getattr(self._graph, name)
+
+
+def _walks(tmp_path, count, monkeypatch):
+    """How many passes over the graph's outputs finding the tables and heads of many_tables(count) makes."""
+    from runtime.model.graph import walk
+    path = str(tmp_path / f"many{count}.onnx")
+    onnx.save(many_tables(count), path)
+    passes, scopes = [], walk.scopes
+    monkeypatch.setattr(walk, "scopes", lambda graph: [(p, _CountedOutputs(g, passes), *rest)
+                                                       for p, g, *rest in scopes(graph)])
+    tables, heads = walk.find_tables_and_heads(read_model.load(path))
+    assert (len(tables), len(heads)) == (count, count)
+    assert all(h["scores"] == f"l{h['initializer'][1:]}" for h in heads)  # each head's product: its own output
+    return len(passes)
+
+
+def test_many_tables_heads_scored_in_one_walk(tmp_path, monkeypatch):
+    assert _walks(tmp_path, 5, monkeypatch) == _walks(tmp_path, 60, monkeypatch) == 1
+
+
+def test_many_tables_verdict_looks_at_each_pair_once(tmp_path, monkeypatch):
+    from runtime.inspect import verdict
+    path = str(tmp_path / "many.onnx")
+    onnx.save(many_tables(30), path)
+    info = inspect_model(path, None, static=True)
+    looked, stored_copies = [], verdict.stored_copies
+    monkeypatch.setattr(verdict, "stored_copies", lambda pairs, table: looked.append(len(pairs)) or
+                        stored_copies(pairs, table))
+    assert verdict.file_verdict(info) == []  # 30 x 30 distinct pairs: nothing held twice
+    assert len(info["pairs"]) == 30 * 30 and sum(looked) == len(info["pairs"])  # not 30 times each
