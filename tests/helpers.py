@@ -125,6 +125,29 @@ def many_tables(count):
                     outputs, initializers)
 
 
+def layered(layers, vocab=96, width=16):
+    """A TorchScript-shaped tied decoder of `layers` layers: ids -> Gather(embedding) -> per layer a query weight
+    read through a Transpose (onnxruntime folds it into a copy), an MLP up and down -> MatMul by `lm_head`, the
+    table stored again transposed. Layer weights are named `layer{i}.{q,up,down}`; none has the table's size."""
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((vocab, width)).astype(np.float32)
+    initializers = [numpy_helper.from_array(table, "embedding"),
+                    numpy_helper.from_array(np.ascontiguousarray(table.T), "lm_head")]
+    nodes, hidden = [helper.make_node("Gather", ["embedding", "ids"], ["h"])], "h"
+    for i in range(layers):
+        for part, dims in (("q", (width, width)), ("up", (width, 4 * width)), ("down", (4 * width, width))):
+            name = f"layer{i}.{part}"
+            initializers.append(numpy_helper.from_array(rng.standard_normal(dims).astype(np.float32), name))
+            if part == "q":  # the weight stored [out, in], as torch keeps a Linear's
+                nodes.append(helper.make_node("Transpose", [name], [f"{name}.t"], perm=[1, 0]))
+            nodes.append(helper.make_node("MatMul", [hidden, f"{name}.t" if part == "q" else name], [f"{name}.out"]))
+            hidden = f"{name}.out"
+    nodes.append(helper.make_node("MatMul", [hidden, "lm_head"], ["logits"]))
+    return model_of(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+                    [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab])],
+                    initializers)
+
+
 def tied(path, vocab=64, width=8, seed=0, external=False):
     """The lab's tied head saved at `path`."""
     import graphs

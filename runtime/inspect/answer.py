@@ -72,21 +72,36 @@ def _scored(e, folder):
     where = f" ({e['file']})" if folder else ""
     read = human(e["logits_bytes"] - e["wasted_bytes_in_memory"])
     return [f"{e['table']}{where}: scores all {e['prompt_tokens']} prompt positions: {human(e['logits_bytes'])} of "
-            f"logits a prefill, where a generating client reads {read}"] + _timed(e.get("timing")) + [
+            f"logits a prefill, where a generating client reads {read}"] + _share(e) + [
             f"  fix: {e['fix']} (writes a copy whose head scores the last position only)" if e["fix"] else
             f"  no --retie fix: {e['why_not']}"]
 
 
-def _timed(timing):
-    """['  the head: 1.2 s of a 3.4 s prefill (35%), one run ...'] from a sandbox.timing measurement, or why none
-    was made; [] under --static, where nothing runs."""
-    if not timing:
-        return []
-    if "why" in timing:
-        return [f"  {timing['why']}"]
-    run, head = timing["run_seconds"], timing["head_seconds"]
-    share = f" ({100 * head / run:.0f}%)" if run > 0 else ""
-    return [f"  the head: {_seconds(head)} of a {_seconds(run)} prefill{share}, one run under onnxruntime's defaults"]
+def _share(e):
+    """['  the head: 1.2 s of a 3.4 s prefill (35%), measured: ...'] from a sandbox.timing run (--time-prefill), else
+    ['  the head: 5.8 G of 29.1 G multiply-adds of a prefill (20%), counted ...'] from the graph, and why no run was
+    made where one was asked for."""
+    timing, counted = e.get("timing"), e.get("counted")
+    if timing and "why" not in timing:
+        run, head = timing["run_seconds"], timing["head_seconds"]
+        share = f" ({100 * head / run:.0f}%)" if run > 0 else ""
+        return [f"  the head: {_seconds(head)} of a {_seconds(run)} prefill{share}, measured: one run under "
+                "onnxruntime's defaults"]
+    lines = []
+    if counted:
+        head, total = counted["head_multiply_adds"], counted["multiply_adds"]
+        share = f" ({100 * head / total:.0f}%)" if total > 0 else ""
+        lines.append(f"  the head: {_count(head)} of {_count(total)} multiply-adds of a prefill{share}, counted "
+                     "(--time-prefill runs it)")  # what was counted: --json's `what`, the docs
+    return lines + ([f"  {timing['why']}"] if timing else [])
+
+
+def _count(value):
+    """'5.8 G', '120.0 M', '3.1 k', '512': a count of multiply-adds as a person reads it."""
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value}"
 
 
 def _seconds(value):

@@ -11,6 +11,7 @@ from embed import Terminated, UsageError, raise_on_sigterm, run_cli
 from runtime.inspect import answer, usage
 from runtime.inspect.examine import inspect_model
 from runtime.inspect.examine_folder import inspect_folder
+from runtime.model.findings.counting import measured_settings
 from runtime.model.findings.prefill import all_positions
 from runtime.model.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report
@@ -110,6 +111,8 @@ def _check_args(args, prog):
         raise UsageError(f"{prog}: error: --files chooses files of a FOLDER; {args.model} is not one")
     if args.static and args.retie is not None:
         raise UsageError(f"{prog}: error: --retie proves its rewrite in onnxruntime; give it without --static")
+    if args.static and args.time_prefill:
+        raise UsageError(f"{prog}: error: --time-prefill runs a prefill in onnxruntime; give it without --static")
     if args.check and args.retie is not None:
         raise UsageError(f"{prog}: error: --check judges the model as it is; give it without --retie")
     if args.logits_to_keep is not None and args.retie is None:
@@ -159,12 +162,11 @@ def _work(args, prog, folder):
     said = _Held(sys.stderr) if args.json else sys.stdout  # a retie's lines: stdout holds the report, or the JSON
     try:
         if os.path.isdir(args.model):
-            result = inspect_folder(args.model, folder, limits, args.proof_past, args.files, args.static)
+            result = inspect_folder(args.model, folder, limits, args.proof_past, args.files, args.static,
+                                    measured_settings(args.verbose))
             progress.done()
             for it in result["items"]:
-                it["info"]["prefill"] = all_positions(it["info"], it["model"], args.prompt_length)
-                if not args.static:
-                    time_prefill(it["model"], it["info"], folder, limits)
+                _prefill(it["info"], it["model"], args, folder, limits)
             if args.json:
                 sys.stdout.write(json.dumps(folder_json(result), indent=2) + "\n")
             else:
@@ -173,10 +175,9 @@ def _work(args, prog, folder):
                 status = retie_folder(result, args.retie, folder, limits, _writer(said, progress), args.logits_to_keep)
                 return _released(said, status)
             return _checked(args, folder_verdict(result))
-        info = inspect_model(args.model, folder, limits, args.proof_past, args.static)
-        info["prefill"] = all_positions(info, info["model"], args.prompt_length)
-        if not args.static:
-            time_prefill(info["model"], info, folder, limits)
+        info = inspect_model(args.model, folder, limits, args.proof_past, args.static,
+                             measured_settings(args.verbose))
+        _prefill(info, info["model"], args, folder, limits)
         progress.done()
         say = _writer(said, progress)
         if args.json:  # json.dumps escapes every control and non-ASCII character itself
@@ -217,6 +218,13 @@ def _work(args, prog, folder):
         return 128 + e.signum
     finally:
         progress.done()
+
+
+def _prefill(info, model, args, folder, limits):
+    """info["prefill"]: a decoder's head scoring every prompt position, its share counted; measured on request."""
+    info["prefill"] = all_positions(info, model, args.prompt_length)
+    if args.time_prefill:
+        time_prefill(model, info, folder, limits)
 
 
 def _released(said, status):

@@ -3,9 +3,9 @@ session holds), as one dict: the --json output plus what --retie needs."""
 import os
 
 from runtime.model.findings import counting
-from runtime.model.findings.counting import SETTINGS
+from runtime.model.findings.counting import DEFAULTS
 from runtime.model.findings.copies import copy_sizes, runtime_copies
-from runtime.model.findings.relations import copy_key, relate, vocabulary
+from runtime.model.findings.relations import copy_key, relate, table_shaped, vocabulary
 from runtime.model.found import static_findings
 from runtime.model.graph.walk import find_tables_and_heads, lookup_ids
 from runtime.model.graph.weights import shared_weights
@@ -16,20 +16,21 @@ from runtime.inspect.sandbox import feeds, isolated, memory
 from runtime.resident import OWNED_MOST, prepacked_copies, unscoped
 
 
-def inspect_model(path, folder, limits=None, proof_past=None, static=False, measure=True, root=None):
+def inspect_model(path, folder, limits=None, proof_past=None, static=False, measure=DEFAULTS, root=None):
     """Everything the report shows, as one dict (the --json output plus what --retie needs).
 
     `folder` is a scratch folder for onnxruntime's optimized model; `limits` bound the isolated child;
     `proof_past` the past length of the decoder feeds it runs the model on (default: feeds.plan's); `static`:
-    from the files alone, onnxruntime never started (no runtime copies, nothing counted in memory); `measure`:
-    False counts the copies a session holds without measuring one (a folder measures its files together); `root`:
+    from the files alone, onnxruntime never started (no runtime copies, nothing counted in memory); `measure`: the
+    counting.SETTINGS measured (each setting's copies are counted whether measured or not); () measures none (a
+    folder measures its files together); `root`:
     where the file must really lie when it is opened (a folder's: read.paths.root_of), default anywhere."""
     if static:
         return _from_files(path, limits or isolated.Limits(), proof_past, root)
     return start(path, folder, limits, proof_past, measure, root).finish()
 
 
-def start(path, folder, limits=None, proof_past=None, measure=True, root=None):
+def start(path, folder, limits=None, proof_past=None, measure=DEFAULTS, root=None):
     """inspect_model begun (an Examination): the file read, the optimizing child started, the tables related."""
     return Examination(path, folder, limits, proof_past, measure, root)
 
@@ -43,7 +44,7 @@ def _read(path, limits, root):
 
 class Examination:
     """inspect_model in two halves: the files read and related here while onnxruntime opens the model in a child;
-    finish() measures (unless `measure` is False), waits for the child and gives inspect_model's dict. Several
+    finish() measures (the settings in `measure`), waits for the child and gives inspect_model's dict. Several
     files started before any finishes build their optimized models side by side.
 
     The child's session writes the optimized model's layout as it opens (runner.data_thrown_away) and, where the
@@ -52,18 +53,20 @@ class Examination:
     resident.OWNED_MOST the figures would show it, and a fresh child measures the defaults again. A model that holds
     more than that inline is measured apart from the start, beside the optimizing child where the machine allows."""
 
-    def __init__(self, path, folder, limits=None, proof_past=None, measure=True, root=None):
+    def __init__(self, path, folder, limits=None, proof_past=None, measure=DEFAULTS, root=None):
         self.limits = limits = limits or isolated.Limits()
         self.model = model = _read(path, limits, root)
         self.shape = feeds.plan(model.proto, model.path, proof_past)
         self.folder = folder
         self.tables, self.heads = find_tables_and_heads(model)
+        # what a copy onnxruntime makes may hold: a table's values (a folder's other files' tables may be any head's)
+        self.watched = self.tables + (table_shaped(self.tables, self.heads) if measure else self.heads)
         self.rows = {lookup_ids(t): t["vocab"] for t in self.tables}  # each lookup's ids, and the rows they may name
-        self.measure = measure and bool(self.tables)
+        self.settings = list(measure) if self.tables else []  # nothing to measure without a table
         inline = sum(t.nbytes for t in model.tensors.values() if t.external is None)
-        self.merged = self.measure and inline <= OWNED_MOST and not memory.too_large(model.file_bytes)
+        self.merged = "defaults" in self.settings and inline <= OWNED_MOST and not memory.too_large(model.file_bytes)
         self.job = {"kind": "optimize", "checked": model.checked, "out": os.path.join(folder, "optimized.onnx"),
-                    "folder": folder, "sizes": copy_sizes(model, self.tables + self.heads)}
+                    "folder": folder, "sizes": copy_sizes(model, self.watched)}
         if self.merged:
             self.first = isolated.start(
                 {**self.job, "kind": "measure", "layout": self.job["out"], "rows": self.rows, "shape": self.shape,
@@ -84,32 +87,32 @@ class Examination:
 
     def finish(self):
         """inspect_model's dict (the child stopped on the way out, whatever happens)."""
-        model = self.model
         try:
             optimized, measured = self._optimized_and_measured()
         finally:
             self.first.stop()
-        return found(model, self.tables, self.heads, self.pairs, self.rows, self.shape, self.job["out"], optimized,
-                     measured)
+        return found(self, optimized, measured)
 
     def _measured(self, settings):
         """memory.measure's figures under `settings`, side by side where the machine has the cores and memory."""
         model = self.model
+        if not settings:
+            return {}
         return memory.measure({"checked": model.checked}, self.rows, self.shape, self.folder, self.limits,
                               model.file_bytes, isolated.side_by_side(model.file_bytes, len(settings)), settings)
 
     def _optimized_and_measured(self):
         """(optimized_version's answer, memory.measure's figures or {}). Where the first child's run fails (a model
-        onnxruntime refuses to run on the feeds), its optimized model is built alone and both settings measured,
+        onnxruntime refuses to run on the feeds), its optimized model is built alone and its settings measured,
         so that each failure is reported as it would be in turn: the optimized model's first."""
         model, limits = self.model, self.limits
         if not self.merged:  # the measurements beside the optimizing child where the machine allows, else after it
-            if not self.measure:
+            if not self.settings:
                 return optimized_version(self.first, model.path), {}
-            if not isolated.side_by_side(model.file_bytes, 1 + len(SETTINGS)):
-                return optimized_version(self.first, model.path), self._measured(list(SETTINGS))
+            if not isolated.side_by_side(model.file_bytes, 1 + len(self.settings)):
+                return optimized_version(self.first, model.path), self._measured(self.settings)
             try:
-                measured = self._measured(list(SETTINGS))
+                measured = self._measured(self.settings)
             except InspectError:
                 optimized_version(self.first, model.path)  # its failure is the one to report, as in turn
                 raise
@@ -118,7 +121,7 @@ class Examination:
             answer = self.first.result()
         except isolated.StepFailed:
             self.first = isolated.start(self.job, "building its optimized model", limits, model.file_bytes)
-            return optimized_version(self.first, model.path), self._measured(list(SETTINGS))
+            return optimized_version(self.first, model.path), self._measured(self.settings)
         measured = {}
         again = ["defaults"] if answer["owned_bytes"] > OWNED_MOST else []  # writing held what they count
         if not again:
@@ -129,7 +132,7 @@ class Examination:
             self.first = isolated.start({**self.job, "sizes": None}, "building its optimized model", limits,
                                         model.file_bytes)
             answer = optimized_version(self.first, model.path)
-        return answer, {**measured, **self._measured(again + ["no_prepacking"])}
+        return answer, {**measured, **self._measured(again + [s for s in self.settings if s != "defaults"])}
 
 
 def optimized_version(optimizing, path):
@@ -141,13 +144,16 @@ def optimized_version(optimizing, path):
         raise InspectError(f"{path}: onnxruntime cannot load it: {str(e).split(': ', 1)[-1]}") from None
 
 
-def found(model, tables, heads, pairs, rows, shape, optimized_path, answer, measured):
-    """inspect_model's dict, from what the parent read and what onnxruntime's optimized model (at `optimized_path`,
-    its child's `answer`: optimized_version's) and the measurements show."""
+def found(exam, answer, measured):
+    """inspect_model's dict, from what the parent read (an Examination's model, tables, heads, pairs, rows, shape)
+    and what onnxruntime's optimized model (at its job's out, its child's `answer`: optimized_version's) and the
+    measurements show. Only the tables and the heads that can hold their values are watched for copies."""
+    model, tables, heads, pairs, rows, shape = exam.model, exam.tables, exam.heads, exam.pairs, exam.rows, exam.shape
+    optimized_path = exam.job["out"]
     optimized = load(optimized_path, os.path.dirname(optimized_path), layout_only=not answer.get("data", True))
     version = answer["onnxruntime"]
     prepacked = prepacked_copies(optimized.proto)
-    watched = list(dict.fromkeys([t["initializer"] for t in tables] + [h["initializer"] for h in heads]))
+    watched = list(dict.fromkeys(e["initializer"] for e in exam.watched))
     initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
                      "bytes": t.nbytes} for t in model.tensors.values()]
     copies = runtime_copies(model, optimized, watched)

@@ -3,13 +3,14 @@ import os
 
 from runtime.inspect import examine
 from runtime.model.findings import counting
+from runtime.model.findings.counting import DEFAULTS
 from runtime.model.findings.across import config_tie, held_together, relate_files, tie_finding
 from runtime.model.read import paths as read_paths
 from runtime.model.read.layout import client_files
 from runtime.inspect.sandbox import isolated, memory
 
 
-def _examined(folder, files, scratch, limits, proof_past):
+def _examined(folder, files, scratch, limits, proof_past, settings):
     """([{file, model, info}], what one process holding every session measured): each file examined (examine), its
     session not measured alone; the files' optimized models built side by side where the machine has the cores and
     the memory, then the sessions measured together, alone: a child mapping the same files (or onnxruntime's
@@ -24,34 +25,35 @@ def _examined(folder, files, scratch, limits, proof_past):
         started = []
         try:
             for path, scratch_of in zip(paths, where):
-                started.append(examine.start(path, scratch_of, limits, proof_past, measure=False, root=root))
+                started.append(examine.start(path, scratch_of, limits, proof_past, measure=(), root=root))
             infos = [s.finish() for s in started]
         finally:
             for s in started:
                 s.stop()
     else:
-        infos = [examine.inspect_model(p, w, limits, proof_past, measure=False, root=root) for p, w in zip(paths, where)]
+        infos = [examine.inspect_model(p, w, limits, proof_past, measure=(), root=root) for p, w in zip(paths, where)]
     together = os.path.join(scratch, "together")
     os.mkdir(together)
     parts = [{"checked": i["model"].checked, "rows": i["rows"], "shape": i["shape"]} for i in infos if i["rows"]]
-    return _items(files, infos), memory.measure_together(parts, together, limits, total) if parts else {}
+    return _items(files, infos), memory.measure_together(parts, together, limits, total, settings) if parts else {}
 
 
 def _items(files, infos):
     return [{"file": name, "model": info["model"], "info": info} for name, info in zip(files, infos)]
 
 
-def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static=False):
+def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static=False, settings=DEFAULTS):
     """Everything a folder's report shows: {folder, rule, items: [{file, model, info}], across: relate_files' with
     each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. Each file gets a folder of its own
-    in `scratch`; `static`: onnxruntime is never started (nothing counted in memory)."""
+    in `scratch`; `static`: onnxruntime is never started (nothing counted in memory); `settings`: the
+    counting.SETTINGS the files' sessions are measured under, together."""
     files, rule = client_files(folder, chosen)
     if static:  # from the files alone: nothing is written, so no scratch folder is made
         root = read_paths.root_of(folder)
         items, measured = _items(files, [examine.inspect_model(os.path.join(folder, name), None, limits, proof_past,
                                                                static=True, root=root) for name in files]), {}
     else:
-        items, measured = _examined(folder, files, scratch, limits, proof_past)
+        items, measured = _examined(folder, files, scratch, limits, proof_past, settings)
     across = relate_files(items)
     config = config_tie(folder)
     weights = sum(t.nbytes for it in items for t in it["model"].tensors.values())

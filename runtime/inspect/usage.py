@@ -108,7 +108,8 @@ def parser():
     found.add_argument("--json", action="store_true", help="print the findings as JSON (exact bytes; `verdict` first)")
     found.add_argument("--verbose", "-v", action="store_true",
                         help="the detail too: every initializer, distinct pairs, small runtime copies, anonymous and "
-                             "file-backed bytes, and a folder's report of each file")
+                             "file-backed bytes, what a session holds with prepacking off (one run more), and a "
+                             "folder's report of each file")
     found.add_argument("--static", action="store_true",
                         help="answer from the files alone, without onnxruntime: tables, heads, pairs and the bytes on "
                              "disk; no runtime copies, nothing counted in memory")
@@ -129,6 +130,10 @@ def parser():
                              "genai_config.json / config.json beside it declares)")
     found.add_argument("--prompt-length", type=_tokens, metavar="N",
                         help="prompt tokens at which a decoder's head scoring every position is costed (bytes of "
-                             f"logits a prefill makes; default {PROMPT}, or the context the model declares if "
-                             "shorter)")
+                             f"logits a prefill makes, and the head's share of its multiply-adds; default {PROMPT}, "
+                             "or the context the model declares if shorter)")
+    found.add_argument("--time-prefill", action="store_true",
+                        help="measure the head's share of a prefill instead of counting it: one run at "
+                             "--prompt-length tokens in an isolated child, under onnxruntime's defaults with its "
+                             "profiler on (not made past 1 TFLOP or 120 s)")
     return found

@@ -71,10 +71,13 @@ def file_verdict(info, file=None):
     a (transposed) duplicate of it, else `held_more_than_once` where a session under onnxruntime's defaults holds it
     more than once (copies_in_memory null under --static). A stored copy that two branches read is one copy.
     Memory wasted is counted at the table's stored bytes per copy beyond the first."""
-    found = []
+    found, by_table = [], {}
+    for p in info["pairs"]:  # each table's pairs found once: a file of n tables and n heads has n^2 of them
+        by_table.setdefault(p["table"], []).append(p)
     for v in info["vocabulary"]:
-        mine = [p for p in info["pairs"] if p["table"] == v["table"] and p["relation"] in ("shared",) + COPIES]
-        (on_disk, wasted), held = stored_copies(info["pairs"], v["table"]), v["tables_in_memory"]
+        pairs = by_table.get(v["table"], [])
+        mine = [p for p in pairs if p["relation"] in ("shared",) + COPIES]
+        (on_disk, wasted), held = stored_copies(pairs, v["table"]), v["tables_in_memory"]
         kind = _kind(on_disk, held)
         if kind is None:
             continue
@@ -89,7 +92,11 @@ def folder_verdict(result):
     """The verdict of a folder (examine_folder.inspect_folder's `result`): per table across the files it is stored
     in, as file_verdict, with the copies every session of the client holds together; and each tie config.json
     contradicts. A folder's --retie writes one data file holding each table once."""
-    found = []
+    found, by_table = [], {}
+    ties = [(it["file"], p) for it in result["items"] for p in it["info"]["pairs"]
+            if p["relation"] in ("shared",) + COPIES]
+    for number, (file, p) in enumerate(ties):  # each table's pairs found once, not once a table
+        by_table.setdefault((file, p["table"]), []).append(number)
     for v in result["across"]["vocabulary"]:
         held = v["in_memory"]["defaults"]["copies"]
         if v["tie_finding"]:
@@ -100,8 +107,7 @@ def folder_verdict(result):
         if kind is None:
             continue
         names = {(it["file"], e["initializer"]) for it, e, _ in v["members"]}
-        pairs = [p for it in result["items"] for p in it["info"]["pairs"]
-                 if (it["file"], p["table"]) in names and p["relation"] in ("shared",) + COPIES]
+        pairs = [ties[n][1] for n in sorted(n for name in names for n in by_table.get(name, []))]  # files' order
         files = {s["file"] for s in v["stored"]}
         widened = v["format"] if any(_widened(it["info"].get("runtime_copies"), e["initializer"])
                                      for it, e, _ in v["members"]) else None
@@ -121,5 +127,5 @@ def _prefill(info, file):
              "copies_in_memory": None, "wasted_bytes_on_disk": None,
              "wasted_bytes_in_memory": p["logits_bytes"] - p["row_bytes"], "fix": fix, "why_not": why,
              "prompt_tokens": p["prompt_tokens"], "logits_bytes": p["logits_bytes"], "output": p["output"],
-             "timing": p.get("timing")}
+             "counted": p.get("counted"), "timing": p.get("timing")}
             for p in found]

@@ -249,15 +249,55 @@ def test_a_fused_matmul_head_is_sliced_unless_it_reads_the_rows_transposed(tmp_p
 
 # --- the head's share of a prefill (runtime.inspect.sandbox.timing) ----------------------------------------------
 
-def test_the_head_is_timed_in_one_prefill_at_the_prompt_length():
-    (entry,) = findings(PATHS["torchscript_tied"], "--prompt-length", "512")["prefill"]
+def test_the_head_is_timed_in_one_prefill_at_the_prompt_length_on_request():
+    (entry,) = findings(PATHS["torchscript_tied"], "--prompt-length", "512", "--time-prefill")["prefill"]
     timing = entry["timing"]
     assert 0 < timing["head_seconds"] <= timing["run_seconds"], timing
-    report = inspected(PATHS["torchscript_tied"], "--prompt-length", "512").stdout.splitlines()
+    report = inspected(PATHS["torchscript_tied"], "--prompt-length", "512", "--time-prefill").stdout.splitlines()
     (line,) = [x for x in report if x.startswith("  the head: ")]  # another run: its own figures
-    assert re.fullmatch(r"  the head: [0-9.]+ m?s of a [0-9.]+ m?s prefill \(\d+%\), one run under onnxruntime's "
-                        r"defaults", line), line
+    assert re.fullmatch(r"  the head: [0-9.]+ m?s of a [0-9.]+ m?s prefill \(\d+%\), measured: one run under "
+                        r"onnxruntime's defaults", line), line
     assert "timing" not in findings(PATHS["torchscript_tied"], "--static")["prefill"][0]
+    assert refused(run_inspect(PATHS["torchscript_tied"], "--static", "--time-prefill"), "--time-prefill", "--static")
+
+
+def test_torchscript_head_share_is_counted_without_a_run(monkeypatch, capsys):
+    import json
+
+    from runtime.inspect import cli
+    from runtime.inspect.sandbox import isolated
+    kinds = []
+    start = isolated.start
+    monkeypatch.setattr(isolated, "start", lambda job, *a, **k: kinds.append(job["kind"]) or start(job, *a, **k))
+    monkeypatch.setattr(isolated, "call", lambda job, *a, **k: pytest.fail(f"a {job['kind']} child was run"))
+    assert cli.main([PATHS["torchscript_tied"], "--json", "--prompt-length", "512"], supervised=False) == 0
+    assert "prefill" not in kinds
+    (entry,) = json.loads(capsys.readouterr().out)["prefill"]
+    weights = [t for t in onnx.load(PATHS["torchscript_tied"]).graph.initializer if len(t.dims) == 2
+               and t.name != "embed.weight"]  # the matmul weights: the head [32, 256] and one [32, 32]
+    assert sorted(list(t.dims) for t in weights) == [[32, 32], [32, 256]]
+    assert "timing" not in entry
+    assert entry["counted"]["head_multiply_adds"] == 512 * 256 * 32  # no attention op in this export
+    assert entry["counted"]["multiply_adds"] == 512 * (256 * 32 + 32 * 32)
+    assert entry["counted"]["what"] == "512 tokens x the elements of 2 matmul weights"
+
+
+def test_merged_gpt2_share_counts_one_branchs_attention():
+    path = os.path.join(FOLDERS, "optimum_gpt2_legacy_merged")
+    (entry,) = findings(path, "--static")["files"][0]["prefill"]
+    model = onnx.load(os.path.join(path, "decoder_model_merged.onnx"))
+    bodies = [a.g for n in model.graph.node if n.op_type == "If" for a in n.attribute if a.type == a.GRAPH]
+    assert [len([n for n in g.node if n.op_type == "Softmax"]) for g in bodies] == [1, 1]  # a prefill runs one
+    sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
+    weights = {n.input[1] for g in bodies for n in g.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in sizes}
+    tokens, width = entry["prompt_tokens"], 32  # both branches read the main graph's weights: each counted once
+    assert entry["counted"]["multiply_adds"] == tokens * sum(sizes[w] for w in weights) + 2 * tokens**2 * width
+    assert entry["counted"]["head_multiply_adds"] == tokens * 256 * width
+    assert entry["counted"]["what"] == f"{tokens} tokens x the elements of {len(weights)} matmul weights, and 1 " \
+        f"attention op x 2 x {tokens}^2 x {width}"
+    line = [x for x in unwrapped(inspected(path).stdout) if x.startswith("  the head: ")][0]
+    share = 100 * entry["counted"]["head_multiply_adds"] / entry["counted"]["multiply_adds"]
+    assert line.endswith(f" multiply-adds of a prefill ({share:.0f}%), counted (--time-prefill runs it)"), line
 
 
 def test_a_prefill_past_the_budget_is_not_run_and_says_why(monkeypatch, capsys):
@@ -266,7 +306,7 @@ def test_a_prefill_past_the_budget_is_not_run_and_says_why(monkeypatch, capsys):
     from runtime.inspect import cli
     from runtime.inspect.sandbox import timing
     monkeypatch.setattr(timing, "MOST_FLOPS", 2 * 2048 * 256 * 32 - 1)  # the fixture's head at 2048 tokens, less one
-    assert cli.main([PATHS["torchscript_tied"], "--json"], supervised=False) == 0
+    assert cli.main([PATHS["torchscript_tied"], "--json", "--time-prefill"], supervised=False) == 0
     (entry,) = json.loads(capsys.readouterr().out)["prefill"]
     why = entry["timing"]["why"]  # the head: 2 x 2048 x 256 x 32 multiply-adds, 33.6 MFLOP
     assert why.startswith("not timed: a 2048-token prefill is at least ") and "(the head alone 33.6 MFLOP), past " \

@@ -19,9 +19,11 @@ def prepacked(data, name):
             and c["copy_of"] == name]
 
 
-def entry(path, table=None, timeout=600):
-    """The vocabulary entry of `table` (or the first) in `inspect PATH --json` (600 s: tables of real sizes)."""
-    vocabulary = json.loads(inspected(path, "--json", timeout=timeout).stdout)["vocabulary"]
+def entry(path, table=None, timeout=600, verbose=False):
+    """The vocabulary entry of `table` (or the first) in `inspect PATH --json` (600 s: tables of real sizes);
+    `verbose`: --verbose, under which prepacking off is measured too."""
+    args = ["--json"] + (["--verbose"] if verbose else [])
+    vocabulary = json.loads(inspected(path, *args, timeout=timeout).stdout)["vocabulary"]
     return next(v for v in vocabulary if table in (None, v["table"]))
 
 
@@ -148,7 +150,7 @@ def test_the_lab_tied_head_holds_one_table_under_onnxruntime_defaults(tmp_path):
     table = graphs.make_table(V, D)
     graphs.save(graphs.tied_logits(table), tmp_path / "tied.onnx", external=True)
     graphs.save(constant_head_tied(table), tmp_path / "constant.onnx", external=True)
-    tied, constant = entry(tmp_path / "tied.onnx"), entry(tmp_path / "constant.onnx")
+    tied, constant = entry(tmp_path / "tied.onnx", verbose=True), entry(tmp_path / "constant.onnx")
     for held in (tied["in_memory"]["defaults"], tied["in_memory"]["no_prepacking"]):
         assert held["copies"] == 1 and held["times_table"] <= 1.25, held
     assert tied["in_memory"]["defaults"]["anonymous_bytes"] < 0.25 * V * D * 4  # the table stays file-backed
@@ -188,7 +190,7 @@ def test_retie_at_qwen2_size_holds_one_table_under_the_defaults(tmp_path):
     out = tmp_path / "retied" / "model.onnx"
     out.parent.mkdir()
     inspected(source, "--retie", out, timeout=600)
-    after = entry(out)
+    after = entry(out, verbose=True)
     assert after["tied"] and after["in_memory"]["defaults"]["copies"] == 1
     assert after["in_memory"]["defaults"]["times_table"] <= 1.10, after["in_memory"]
     assert after["in_memory"]["no_prepacking"]["times_table"] <= 1.10, after["in_memory"]

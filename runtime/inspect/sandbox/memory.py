@@ -55,15 +55,15 @@ def _collect(measured, setting, child):
         measured[setting], measured["error"] = None, str(e).split(": ", 1)[-1]
 
 
-def measure_together(parts, folder, limits, model_bytes):
+def measure_together(parts, folder, limits, model_bytes, settings=tuple(SETTINGS)):
     """measure() for a folder: `parts` [{"checked", "rows", "shape"}] one per file, all sessions held in one child
-    (what the client's process holds), Pss so that pages two sessions map count once."""
+    (what the client's process holds), Pss so that pages two sessions map count once; `settings` as measure's."""
     why = too_large(model_bytes)
     if why:
-        return {**{setting: None for setting in SETTINGS}, "error": why}
+        return {**{setting: None for setting in settings}, "error": why}
     measured = {}
-    for setting, prepacking in SETTINGS.items():
-        job = {"kind": "measure_together", "files": parts, "prepacking": prepacking, "folder": folder}
+    for setting in settings:
+        job = {"kind": "measure_together", "files": parts, "prepacking": SETTINGS[setting], "folder": folder}
         _collect(measured, setting, isolated.start(job, f"running every file once in one process ({setting})",
                                                    limits, model_bytes))  # one after the other: Pss is shared
     return measured

@@ -6,7 +6,8 @@ import json
 import os
 
 from runtime.model.findings import counting
-from runtime.model.findings.relations import Digests, Values, copy_key, quantized_relation, stored_as_table
+from runtime.model.findings.relations import (Digests, Values, copy_key, quantized_relation, stored_as_table,
+                                              table_shaped)
 from runtime.model.read import sidecars
 from runtime.model.read.model import label
 from runtime.resident import copies_held, originals_held
@@ -162,11 +163,16 @@ def _relate_quantized(j, entries, quantized, floats, related):
 
 
 def _entries(items):
-    """[(item, entry, role)]: every table and head of every file, each stored tensor once per file and orientation
-    (its lookup's entry; a head's too where only the head says how it is quantized)."""
+    """[(item, entry, role)]: every table of every file, and every head that can hold a table's values (of some
+    file's table's vocab x width, or a table itself), each stored tensor once per file and orientation (its
+    lookup's entry; a head's too where only the head says how it is quantized). A layer's weight is not read."""
     entries, seen = [], {}
+    tables = [t for item in items for t in item["info"]["tables"]]
     for item in items:
-        for role, found in (("lookup", item["info"]["tables"]), ("head", item["info"]["heads"])):
+        own = {t["initializer"] for t in item["info"]["tables"]}
+        kept = {id(h) for h in table_shaped(tables, item["info"]["heads"])}
+        heads = [h for h in item["info"]["heads"] if id(h) in kept or h["initializer"] in own]  # in their order
+        for role, found in (("lookup", item["info"]["tables"]), ("head", heads)):
             for entry in found:
                 key = (item["file"], entry["initializer"], stored_as_table(entry))
                 if key not in seen or (entry.get("quant") and not entries[seen[key]][1].get("quant")):

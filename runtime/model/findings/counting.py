@@ -4,6 +4,13 @@ from runtime.resident import copies_held
 
 SETTINGS = {"defaults": True, "no_prepacking": False}  # name in the report -> prepacking on
 
+DEFAULTS = ("defaults",)  # the settings a run measures unless --verbose, the only report that shows the other
+
+
+def measured_settings(verbose):
+    """The SETTINGS a run measures, each in a child of its own: every one under --verbose, else the defaults."""
+    return tuple(SETTINGS) if verbose else DEFAULTS
+
 NO_PREPACKING = "session.disable_prepacking=1"  # the setting that changes it, as a user writes it
 
 RESOLUTION = 16 * 2**20  # below this a table's ratio is not given: a session's own pages (~3 MiB) would swamp it
@@ -52,8 +59,8 @@ def in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured):
 
 
 def held(copies, figures, table_bytes, other_bytes):
-    """One setting's entry of `in_memory`: `copies`, and the measured `figures` (None: not measured) with their
-    times_table."""
+    """One setting's entry of `in_memory`: `copies`, and the measured `figures` (None: not measured, or not asked
+    for: prepacking off outside --verbose) with their times_table."""
     if figures is None:
         return {"copies": copies, "resident_bytes": None, "anonymous_bytes": None, "file_bytes": None, "peak_bytes": None,
                 "times_table": None}

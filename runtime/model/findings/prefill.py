@@ -1,10 +1,39 @@
 """The head at prefill: whether a decoder's logits head scores every prompt position (its scores follow the
-sequence axis to a graph output), and the bytes of logits that makes at a prompt length, counted from the graph."""
+sequence axis to a graph output), and the bytes of logits and the multiply-adds that makes at a prompt length,
+counted from the graph (sandbox.timing measures the time on request)."""
 from onnx import helper
 
 PROMPT = 2048  # prompt tokens the cost is stated at, unless the model declares a shorter context
 
 KEEP = "num_logits_to_keep"  # transformers.js's input: how many last positions the head scores (0: all)
+
+# one a layer: the ops whose inputs are the scores and values of attention (counted as tokens^2 x width, twice)
+ATTENTION = ("Softmax", "Attention", "MultiHeadAttention", "GroupQueryAttention", "SparseAttention", "PackedAttention")
+
+
+def _attentions(graph):
+    """The attention ops (ATTENTION) one run of `graph` passes: its own, the larger branch of each If (a run takes
+    one), every other body once."""
+    count = 0
+    for node in graph.node:
+        count += node.op_type in ATTENTION
+        bodies = [_attentions(a.g) for a in node.attribute if a.type == a.GRAPH]
+        count += (max(bodies) if node.op_type == "If" else sum(bodies)) if bodies else 0
+    return count
+
+
+def multiply_adds(model, heads, tokens, width):
+    """({head initializer: its multiply-adds}, the whole prefill's, what was counted) of one prefill of `tokens`
+    prompt tokens, from the graph alone: each matmul weight (`heads`: every one find_tables_and_heads found, each
+    counted once however many graphs read it) tokens x its vocab x width; each attention op (_attentions)
+    2 x tokens^2 x `width` (the logits head's: the hidden size; its scores, then its values, every position against
+    every one, as a prefill's kernels compute it). Norms, activations and lookups are not counted."""
+    weights = {h["initializer"]: h["vocab"] * h["width"] for h in heads}
+    layers = _attentions(model.proto.graph)
+    total = tokens * sum(weights.values()) + 2 * tokens * tokens * width * layers
+    what = (f"{tokens} tokens x the elements of {len(weights)} matmul weight{'s' if len(weights) != 1 else ''}"
+            + (f", and {layers} attention op{'s' if layers != 1 else ''} x 2 x {tokens}^2 x {width}" if layers else ""))
+    return {name: tokens * n for name, n in weights.items()}, total, what
 
 
 def main_output(model, head):
@@ -32,8 +61,9 @@ def prompt_tokens(info, asked=None):
 
 
 def all_positions(info, model, asked=None):
-    """[{head, output, prompt_tokens, vocab_size, logits_bytes, row_bytes}]: each logits output of a decoder whose
-    head scores every position: its position axis (the one before the vocabulary) is not 1. Empty for a
+    """[{head, output, prompt_tokens, vocab_size, logits_bytes, row_bytes, counted}]: each logits output of a decoder
+    whose head scores every position: its position axis (the one before the vocabulary) is not 1; `counted` its
+    head's and the whole prefill's multiply-adds (multiply_adds) and what was counted. Empty for a
     sequence-to-sequence decoder (its prompt is the encoder's, read once) and for one a client tells how many
     positions to score (an input KEEP, as --retie --logits-to-keep adds)."""
     graph = model.proto.graph
@@ -54,5 +84,9 @@ def all_positions(info, model, asked=None):
             continue
         found[out.name] = {"head": head["initializer"], "output": out.name, "prompt_tokens": tokens,
                            "vocab_size": head["vocab"], "logits_bytes": tokens * head["vocab"] * size,
-                           "row_bytes": head["vocab"] * size}
+                           "row_bytes": head["vocab"] * size, "width": head["width"]}
+    if found:  # counted once for every head: one pass over the graph
+        heads, total, what = multiply_adds(model, info["heads"], tokens, max(p.pop("width") for p in found.values()))
+        for p in found.values():
+            p["counted"] = {"head_multiply_adds": heads[p["head"]], "multiply_adds": total, "what": what}
     return list(found.values())

@@ -45,6 +45,14 @@ def stored_as_table(entry):
     return entry.get("as_table", entry["flips"] % 2 == 0)
 
 
+def table_shaped(tables, heads):
+    """The heads whose vocab x width is some table's: only they can hold a table's values, in whatever layout
+    (transposed, quantized blocks: an entry's vocab and width are logical). Every other matmul weight (a layer's)
+    is distinct from every table without a byte read."""
+    shapes = {(t["vocab"], t["width"]) for t in tables}
+    return [h for h in heads if (h["vocab"], h["width"]) in shapes]
+
+
 def relate(model, tables, heads):
     """[{table, head, relation, wasted_bytes, node, via_transpose, max_error_in_scales}] for every table/head pair of
     the same vocab x width: `shared` (one stored tensor, whatever view each op takes), `duplicate` or
@@ -53,7 +61,7 @@ def relate(model, tables, heads):
     max_error_in_scales is their largest difference in units of the quantized one's scale; or two quantizations
     of one table, in units of their mean scale, the head's bytes wasted; never a tie), or `distinct`."""
     pairs, digest, values = [], Digests(model), Values()
-    by_shape, named = {}, {}
+    by_shape, named, heads = {}, {}, table_shaped(tables, heads)
     for head in heads:
         by_shape.setdefault((head["vocab"], head["width"]), []).append(head)
     for entry in tables + heads:
@@ -61,26 +69,55 @@ def relate(model, tables, heads):
     # two tensors of a shape (a table and its head): compared straight away, each read once; a fingerprint would
     # read both once more and spare nothing
     fingerprinted = {shape for shape, names in named.items() if len(names) > 2}
+    same = _Classes(model, digest, values)  # n tables and n heads of one shape: n^2 pairs, each entry looked at once
     for table in tables:
         for head in by_shape.get((table["vocab"], table["width"]), []):
-            transposed = stored_as_table(table) != stored_as_table(head)
+            transposed = same.as_table(table) != same.as_table(head)
             gap = None
             if head["initializer"] == table["initializer"]:
                 relation, wasted = "shared", 0
             elif table.get("quant") or head.get("quant"):
                 relation, wasted, gap = quantized_relation(model, table, head, transposed)
-            elif values.same(model, digest, table, head, (table["vocab"], table["width"]) in fingerprinted) \
+            elif same(table, head, (table["vocab"], table["width"]) in fingerprinted) \
                     and _same_scales(model, table["scales"], head["scales"]):
                 relation, wasted = ("transposed_duplicate" if transposed else "duplicate"), head["bytes"]
             else:
                 relation, wasted = "distinct", 0
             pairs.append({"table": table["initializer"], "head": head["initializer"], "relation": relation,
-                          "wasted_bytes": wasted, "node": label(head["node"]),
+                          "wasted_bytes": wasted, "node": same.label(head),
                           "via_transpose": head["flips"] > 0 or table["flips"] > 0, "table_entry": table,
                           "head_entry": head, "max_error_in_scales": gap,
                           "both_quantized": bool(table.get("quant") and head.get("quant")),
                           "table_graph": table.get("graph", "main"), "head_graph": head.get("graph", "main")})
     return pairs
+
+
+class _Classes:
+    """Values.same for relate's pairs, with what each entry's pairs ask of it (its orientation, its class of values,
+    its node's label) found once for the entry, not once a pair."""
+
+    def __init__(self, model, digests, values):
+        self.model, self.digests, self.values, self.known = model, digests, values, {}
+
+    def _fact(self, entry, what, find):
+        key = (id(entry), what)
+        if key not in self.known:
+            self.known[key] = find(entry)
+        return self.known[key]
+
+    def as_table(self, entry):
+        return self._fact(entry, "as_table", stored_as_table)
+
+    def label(self, entry):
+        return self._fact(entry, "label", lambda e: label(e["node"]))
+
+    def __call__(self, a, b, fingerprint=True):
+        """Whether entries `a` and `b` hold the same values (Values.same)."""
+        if fingerprint:
+            ca, cb = (self._fact(e, "class", lambda e: self.values.of(self.model, self.digests, e)) for e in (a, b))
+            if ca is not None and cb is not None:
+                return ca == cb
+        return self.values.same(self.model, self.digests, a, b, False)  # no fingerprint: compared as they lie
 
 
 class Digests:

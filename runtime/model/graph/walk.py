@@ -99,8 +99,9 @@ def find_tables_and_heads(model):
         found_here = _find(model, order, producer, consumers, Resolver(producer, weights), seen)
         for entry in found_here[0] + found_here[1]:
             entry.update(graph=path, body=graph, producer=producer, consumers=consumers)
+        scored = ScoredOutputs(producer, consumers, graph)  # one walk of the scope for all its heads
         for entry in found_here[1]:
-            entry["scores"] = scored_output(entry["node"], producer, consumers, graph)  # the output, or None
+            entry["scores"] = scored(entry["node"])  # the output, or None
         tables += found_here[0]
         heads += found_here[1]
     return tables, heads
@@ -122,27 +123,45 @@ def _a_scale(name, producer, depth=8):
         _a_scale(i, producer, depth - 1) for i in node.input if i)
 
 
-def scored_output(node, producer, consumers, body):
-    """The output of its graph `body` that the product of head `node` reaches (a branch's output is the If's)
-    through views, Tanh / Softcap and a bias or scale only, or None: a logits head, not a weight of a table's shape
-    inside a layer (whose product meets the hidden state on its way out, a residual Add or a norm, or is transposed
-    into attention heads: a key or value projection to a present output)."""
-    outputs = {o.name for o in body.output}
+class ScoredOutputs:
+    """ScoredOutputs(producer, consumers, body)(node): the output of its graph `body` that the product of head `node`
+    reaches (a branch's output is the If's) through views, Tanh / Softcap and a bias or scale only, or None: a logits
+    head, not a weight of a table's shape inside a layer (whose product meets the hidden state on its way out, a
+    residual Add or a norm, or is transposed into attention heads: a key or value projection to a present output).
+    One walk of the scope for every head: what each tensor reaches is found once and remembered, so n heads whose
+    products are n outputs cost n steps, not n walks (a depth-first search, the last reader first)."""
 
-    def onward(step, name):
+    def __init__(self, producer, consumers, body):
+        self.producer, self.consumers = producer, consumers
+        self.outputs, self.known = {o.name for o in body.output}, {}
+
+    def _onward(self, step, name):
         if step.op_type in _SCALED:
-            return all(_a_scale(other, producer) for other in step.input if other != name)
+            return all(_a_scale(other, self.producer) for other in step.input if other != name)
         return step.op_type in _ON_THE_WAY
-    todo, seen = [node.output[0]] if node.output else [], set()
-    while todo:
-        name = todo.pop()
-        if name in outputs:
-            return name
-        if name in seen:
-            continue
-        seen.add(name)
-        todo += [n.output[0] for n in consumers.get(name, []) if n.output and onward(n, name)]
-    return None
+
+    def _next(self, name):
+        return [n.output[0] for n in self.consumers.get(name, []) if n.output and self._onward(n, name)]
+
+    def __call__(self, node):
+        if not node.output:
+            return None
+        todo, known = [(node.output[0], None)], self.known  # (tensor, its onward tensors once expanded)
+        while todo:
+            name, onward = todo[-1]
+            if name in known:
+                todo.pop()
+            elif name in self.outputs:
+                known[name] = name
+                todo.pop()
+            elif onward is None:  # first visit: its onward tensors are walked before it is settled
+                onward = self._next(name)
+                todo[-1] = (name, onward)
+                todo += [(n, None) for n in onward if n not in known]
+            else:  # the first output the last reader reaches, as a depth-first walk meets it
+                known[name] = next((known[n] for n in reversed(onward) if known.get(n)), None)
+                todo.pop()
+        return known[node.output[0]]
 
 
 def _find(model, order, producer, consumers, resolve, seen):
