@@ -31,13 +31,12 @@ def check_lookup(lab, rows, ids):
                  claim="Gather == embed.lookup, bit for bit" + ("; a repeated id gives one row" if repeated else ""))
 
 
-def check_onehot(lab, rows, ids):
+def check_onehot(lab, ids, products):
+    """OneHot+MatMul's rows against embed.onehot_lookup's (`products` {id: row}, a pass each) and Gather's."""
     vocab, width = lab.values.shape
     out = lab.runner("onehot_lookup").run({"ids": [ids]})["embeddings"][0]
-    gathered = lab.runner("gather_lookup").run({"ids": [ids]})["embeddings"][0]
     lab.close("onehot_lookup")
-    distinct = list(dict.fromkeys(ids))  # a repeated id is the same product: computed once
-    products = dict(zip(distinct, embed.onehot_lookup(rows, distinct)))
+    gathered = lab.runner("gather_lookup").run({"ids": [ids]})["embeddings"][0]
     (bad_ref, _), (bad_gather, zeros_gather) = differing_bits(out, [products[i] for i in ids]), \
         differing_bits(out, gathered)
     zeros = f"; {zeros_gather} -0.0 value(s) of the table come out +0.0 (a sum of products)" if zeros_gather else ""
@@ -73,33 +72,36 @@ def differing_positions(got, want, scores, bounds):
                                            for g, w in zip(got, want))
 
 
-def graph_neighbors(lab, query, k, metric, data=None):
-    """(ids, scores) of the graph's k nearest other tokens of `query` (on data file `data`, default the table)."""
+def graph_lists(lab, queries, k, metric, data=None):
+    """{query: (ids, scores)}: the graph's k nearest other tokens of each query by `metric` (on data file `data`,
+    default the table), from one session, closed after."""
     runner = lab.runner(f"neighbors_{metric}", *([data] if data else []))
-    out = runner.run({"ids": [query], "k": [k]})
-    return [int(i) for i in out["indices"][0]], out["scores"][0]
+    found = {}
+    for query in queries:
+        out = runner.run({"ids": [query], "k": [k]})
+        found[query] = ([int(i) for i in out["indices"][0]], [float(v) for v in out["scores"][0]])
+    lab.close(f"neighbors_{metric}")
+    return found
 
 
-def check_neighbors(lab, rows, query, k, metric, shown):
-    """The graph's list of `query` by `metric` against embed.neighbors; returns (Check, graph ids, graph scores,
-    embed's ids)."""
-    got, got_scores = graph_neighbors(lab, query, k, metric)
-    want = embed.neighbors(rows, query, k, metric)
+def check_neighbors(rows, query, metric, graph, want, shown):
+    """The graph's list of `query` by `metric` (`graph`: (ids, scores)) against embed.neighbors' (`want`)."""
+    got, got_scores = graph
+    k = len(got)
     scores, bounds = scores_and_bounds(rows, query, metric, set(got) | set(want))
     ok_scores, diff, worst = within(got_scores, [scores[t] for t in got], [bounds[t] for t in got])
     moved = differing_positions(got, want, scores, bounds)
-    check = Check("neighbors", f"neighbors_{metric}", ok_scores and query not in got and moved == 0,
-                  f"top {k} of {shown(query)} by {metric}: graph {got} vs embed.neighbors {want}: {moved} positions "
-                  f"differ beyond a tie; scores worst diff/bound {worst:.2f}", diff, float(max(bounds.values())),
-                  {"query": query, "indices": got, "reference": want},
-                  claim=f"top {k} of {shown(query)} by {metric} == embed.neighbors; scores within bound")
-    return check, got, got_scores, want
+    return Check("neighbors", f"neighbors_{metric}", ok_scores and query not in got and moved == 0,
+                 f"top {k} of {shown(query)} by {metric}: graph {got} vs embed.neighbors {want}: {moved} positions "
+                 f"differ beyond a tie; scores worst diff/bound {worst:.2f}", diff, float(max(bounds.values())),
+                 {"query": query, "indices": got, "reference": want},
+                 claim=f"top {k} of {shown(query)} by {metric} == embed.neighbors; scores within bound")
 
 
-def stretch_choice(rows, query, cosine_list):
+def stretch_choice(scores, query, cosine_list):
     """(token, factor): the first of the query's cosine neighbours that points its way and does not lead its dot
-    list, and the smallest power of two that makes it lead (embed.stretch_to_lead); None where none can."""
-    scores = embed.logits(rows, rows[query])
+    list, and the smallest power of two that makes it lead (embed.lead_factor on `scores`, embed.logits of the
+    query's row); None where none can."""
     leader = max((t for t in range(len(scores)) if t != query), key=lambda t: (scores[t], -t))
     for token in cosine_list:
         if token != leader and scores[token] > 0:
@@ -107,24 +109,21 @@ def stretch_choice(rows, query, cosine_list):
     return None
 
 
-def check_stretch(lab, rows, query, k, choice, shown, reference_before):
-    """A stretched row: the query's cosine list unchanged (graph and reference: `reference_before` is
-    embed.neighbors' list before), its dot list now led by it."""
+def check_stretch(lab, rows, query, choice, before, reference, shown):
+    """A stretched row: the query's cosine list unchanged (graph: `before`, its list on the table; reference:
+    `reference` {"before", "cosine", "dot"}, embed.neighbors' cosine list before, and its cosine and dot lists
+    after), its dot list now led by it."""
     if choice is None:
         return Check("stretch", "neighbors_*", None, f"none of {shown(query)}'s cosine neighbours points its way "
                      "without leading its dot list already", claim="no row to stretch: the claim does not apply")
     token, factor = choice
     data = lab.stretched(token, factor)
+    after, _ = graph_lists(lab, [query], len(before), "cosine", data)[query]
+    led, _ = graph_lists(lab, [query], 1, "dot", data)[query]
     stretched = rows.stretched(token, factor)
-    before, _ = graph_neighbors(lab, query, k, "cosine")
-    after, _ = graph_neighbors(lab, query, k, "cosine", data)
-    led, _ = graph_neighbors(lab, query, 1, "dot", data)
-    lab.close("neighbors_cosine")
-    lab.close("neighbors_dot")
     scores, bounds = scores_and_bounds(stretched, query, "cosine", set(before) | set(after))
     moved = differing_positions(after, before, scores, bounds)
-    same = embed.neighbors(stretched, query, k, "cosine") == reference_before
-    reference_led = embed.neighbors(stretched, query, 1, "dot") == [token]
+    same, reference_led = reference["cosine"] == reference["before"], reference["dot"][:1] == [token]
     ok = moved == 0 and same and led == [token] and reference_led
     return Check("stretch", "neighbors_*", ok,
                  f"row {shown(token)} x{factor:g}: {shown(query)}'s cosine list unchanged: {moved} positions differ "

@@ -12,6 +12,7 @@ import embed
 from graphs.storage import write_text
 from runtime.compare.real import checks, figures, report
 from runtime.compare.real.lab import Lab
+from runtime.compare.real.pool import ReferencePool
 from runtime.compare.real.rows import Rows
 from runtime.compare.real.source import read_table
 from runtime.compare.real.tokens import resolve, vocabulary_of
@@ -40,34 +41,60 @@ def _header(table, path):
             f"{onnx.__version__}")
 
 
+def _submitted(pool, queries, ids, k):
+    """The reference passes the checks need, started in the workers at once, first the one the stretch waits on:
+    {("neighbors", query, metric): list, ("onehot", id): rows, "logits": the first query's dot products}."""
+    passes = {"logits": pool.submit("logits", queries[0])}
+    for query in queries:
+        for metric in ("cosine", "dot"):
+            passes[("neighbors", query, metric)] = pool.submit("neighbors", query, (k, metric))
+    for token_id in dict.fromkeys(ids):  # a repeated id is the same product: one pass
+        passes[("onehot", token_id)] = pool.submit("onehot", argument=[token_id])
+    return passes
+
+
+def _stretch_check(lab, rows, pool, passes, query, lists, shown):
+    """The stretch check: its row chosen from the reference's dot products, its two reference passes in the
+    workers while the graphs run."""
+    before = lists[query]["cosine"][0]
+    choice = checks.stretch_choice(passes["logits"].get(), query, before)
+    reference = {"before": passes[("neighbors", query, "cosine")].get()}
+    if choice is not None:
+        after = {m: pool.submit("neighbors", query, (len(before), m), choice) for m in ("cosine", "dot")}
+        reference.update({m: a.get() for m, a in after.items()})
+    return checks.check_stretch(lab, rows, query, choice, before, reference, shown)
+
+
 def _measure(config, table, lab, vocabulary, progress, say, queries):
     """(checks, lists, lengths, self-score, hub counts): the lab's checks and the figures, lists printed first;
-    `queries` the ids asked for (None: the defaults)."""
+    `queries` the ids asked for (None: the defaults). The reference's passes run in two worker processes
+    meanwhile."""
     lengths = figures.norms(lab.values)
     queries = queries or default_queries(vocabulary, lengths)
     ids = list(config.ids) if config.ids else queries[:2] + queries[:1]  # a repeated id: the same row at both places
     embed.check_ids(ids, table.vocab)
     rows, k, shown = Rows(lab.values), min(config.k, table.vocab - 1), vocabulary.shown
-    found, lists, wants = [], {}, {}
-    for query in queries:
-        progress(f"neighbours of {shown(query)} (the graphs and embed.neighbors)")
-        both = {m: checks.check_neighbors(lab, rows, query, k, m, shown) for m in ("cosine", "dot")}
-        found += [c for c, _, _, _ in both.values()]
-        lists[query] = {m: (got, [float(s) for s in scores]) for m, (_, got, scores, _) in both.items()}
-        wants[query] = {m: want for m, (_, _, _, want) in both.items()}
-        say(report.side_by_side(vocabulary, lengths, query, lists[query]["cosine"], lists[query]["dot"]) + "\n")
-    progress("lookups: Gather, OneHot + MatMul and the sqrt(width) scaling against embed")
-    found = [checks.check_lookup(lab, rows, ids), checks.check_onehot(lab, rows, ids)] + found
-    progress("a stretched row")
-    found.append(checks.check_stretch(lab, rows, queries[0], k, checks.stretch_choice(rows, queries[0],
-                                                                                     lists[queries[0]]["cosine"][0]),
-                                      shown, wants[queries[0]]["cosine"]))
-    found.append(checks.check_scaled(lab, rows, ids))
-    lab.close()
-    progress("self-scores: the tied head fed each token's own row")
-    scores = figures.self_score(lab.values, progress)
-    progress("hubs: the rows that lead sampled tokens' lists")
-    counts = figures.hubs(lab, k)
+    pool = ReferencePool(lab.data, lab.values.shape)
+    try:
+        passes = _submitted(pool, queries, ids, k)
+        progress("neighbours: the graphs (embed.neighbors in the workers)")
+        graph = {m: checks.graph_lists(lab, queries, k, m) for m in ("cosine", "dot")}
+        for query in queries:
+            say(report.side_by_side(vocabulary, lengths, query, graph["cosine"][query], graph["dot"][query]) + "\n")
+        scores = figures.self_score(lab.values, progress)
+        progress("hubs: the rows that lead sampled tokens' lists")
+        counts = figures.hubs(lab, k)
+        progress("the checks: lookups, neighbours, a stretched row, the scaling (waiting on embed's passes)")
+        lists = {q: {m: graph[m][q] for m in graph} for q in queries}
+        found = [checks.check_lookup(lab, rows, ids),
+                 checks.check_onehot(lab, ids, {i: passes[("onehot", i)].get()[0] for i in dict.fromkeys(ids)})]
+        found += [checks.check_neighbors(rows, q, m, lists[q][m], passes[("neighbors", q, m)].get(), shown)
+                  for q in queries for m in ("cosine", "dot")]
+        found.append(_stretch_check(lab, rows, pool, passes, queries[0], lists, shown))
+        found.append(checks.check_scaled(lab, rows, ids))
+        lab.close()
+    finally:
+        pool.close()
     return found, lists, lengths, scores, counts
 
 

@@ -26,45 +26,44 @@ def _write(path, values):
 
 class Lab:
     """The graphs of BUILDERS on `values` (float32 [vocab, width]) in `folder`. `values` is then this table as a
-    memory map of the data file the sessions read: one copy of its pages, however many read it."""
+    memory map of the data file the sessions read (`data`): one copy of its pages, however many read it. A session
+    loads the table into memory of its own where a kernel needs it whole, so runs open one at a time (close())."""
 
     def __init__(self, values, folder):
-        self.folder, self.runners, self._shells = folder, {}, {}
-        _write(os.path.join(folder, DATA), values)
+        self.folder, self.runners = folder, {}
+        self.data = os.path.join(folder, DATA)
+        _write(self.data, values)
         release(values)
-        self.values = np.memmap(os.path.join(folder, DATA), np.float32, "r", shape=values.shape)
+        self.values = np.memmap(self.data, np.float32, "r", shape=values.shape)
 
     def _shell(self, name):
-        """Graph `name` built on the table, its `embedding` then made a reference to the shared data file."""
-        if name not in self._shells:
+        """The file of graph `name` on the table: built by its builder on the real table, its `embedding` then
+        saved as a reference to the shared data file. Only the file is kept: the built model's protobuf holds
+        the table's bytes until it is destroyed, clearing the field does not free them."""
+        path = os.path.join(self.folder, f"{name}.{DATA}.onnx")
+        if not os.path.exists(path):
             model = BUILDERS[name](self.values)  # the builder's own graph, checked on the real table
-            tensor = next(t for t in model.graph.initializer if t.name == "embedding")
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            self._shells[name] = model
+            _point(model, DATA, self.values.nbytes)
+            onnx.save_model(model, path)
+            del model
             release(self.values)
-        return self._shells[name]
+        return path
 
     def path(self, name, data=DATA):
         """The file of graph `name` whose table is the data file `data` in the folder."""
         path = os.path.join(self.folder, f"{name}.{data}.onnx")
         if not os.path.exists(path):
-            model = onnx.ModelProto()
-            model.CopyFrom(self._shell(name))
-            tensor = next(t for t in model.graph.initializer if t.name == "embedding")
-            del tensor.external_data[:]
-            for key, value in (("location", data), ("offset", "0"), ("length", str(self.values.nbytes))):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
+            model = onnx.load(self._shell(name), load_external_data=False)  # small: the table stays in its file
+            _point(model, data, self.values.nbytes)
             onnx.save_model(model, path)
         return path
 
-    def runner(self, name, data=DATA):
-        """A session of graph `name` (on data file `data`), prepacking off: a kernel reads the table where it lies,
-        so no session holds a packed copy beside the mapped file."""
+    def runner(self, name, data=DATA, arena=False):
+        """A session of graph `name` (on data file `data`), prepacking off: no kernel holds a packed copy beside
+        the table. `arena`: keep onnxruntime's CPU arena, for many runs of one shape."""
         key = (name, data)
         if key not in self.runners:
-            self.runners[key] = Runner(self.path(name, data), prepacking=False)
+            self.runners[key] = Runner(self.path(name, data), prepacking=False, arena=arena)
         return self.runners[key]
 
     def stretched(self, token_id, factor):
@@ -81,6 +80,17 @@ class Lab:
         return data
 
     def close(self, name=None):
-        """Close graph `name`'s sessions (every session when None): their mapped pages go with them."""
+        """Close graph `name`'s sessions (every session when None): their memory goes with them."""
         for key in [k for k in self.runners if name in (None, k[0])]:
             del self.runners[key]
+
+
+def _point(model, data, length):
+    """Make `model`'s `embedding` initializer name data file `data` (offset 0, `length` bytes) as its values."""
+    tensor = next(t for t in model.graph.initializer if t.name == "embedding")
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    del tensor.external_data[:]
+    for key, value in (("location", data), ("offset", "0"), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
