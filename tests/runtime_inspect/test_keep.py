@@ -247,6 +247,26 @@ def test_a_fused_matmul_head_is_sliced_unless_it_reads_the_rows_transposed(tmp_p
     assert not os.path.exists(tmp_path / "t.onnx")
 
 
+def test_a_head_named_like_a_retied_one_is_told_by_its_structure(tmp_path):
+    """An exporter's Gemm head that flattens its hidden state itself, its nodes named as --retie names its own
+    (x_flatten, x_tied_head, x_unflatten): refused as any flattening Gemm is, nothing written. Recognised by name,
+    it was taken for a head --retie made."""
+    table = np.random.default_rng(1).standard_normal((64, 16)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["embed.weight", "input_ids"], ["hidden"]),
+             helper.make_node("Reshape", ["hidden", "rows_shape"], ["rows"], name="x_flatten"),
+             helper.make_node("Gemm", ["rows", "embed.weight"], ["scores"], name="x_tied_head", transB=1),
+             helper.make_node("Reshape", ["scores", "logits_shape"], ["logits"], name="x_unflatten")]
+    graph = helper.make_graph(
+        nodes, "named", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", 64])],
+        [numpy_helper.from_array(table, "embed.weight"), numpy_helper.from_array(np.array([-1, 16]), "rows_shape"),
+         numpy_helper.from_array(np.array([1, -1, 64]), "logits_shape")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "named.onnx")
+    done = run_inspect(tmp_path / "named.onnx", "--retie", tmp_path / "kept.onnx", "--logits-to-keep", "1")
+    assert refused(done, "read by Gemm, which flattens the hidden state")
+    assert not os.path.exists(tmp_path / "kept.onnx")
+
+
 # --- the head's share of a prefill (runtime.inspect.sandbox.timing) ----------------------------------------------
 
 def test_the_head_is_timed_in_one_prefill_at_the_prompt_length_on_request():

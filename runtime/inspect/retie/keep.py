@@ -32,10 +32,11 @@ def why_not(model, info):
         if node.op_type == "FusedMatMul" and (attribute(node, "transA", 0) or attribute(node, "transBatchA", 0)):
             return (f"the head {head['initializer']} is a FusedMatMul reading its hidden state transposed: the "
                     "sequence axis is not the one --logits-to-keep slices")
-        if node.op_type not in _SLICED_HEADS and not _flattened_by_retie(head):
+        retied = retied_head(head)
+        if node.op_type not in _SLICED_HEADS and not retied:
             return (f"the head {head['initializer']} is read by {node.op_type}, which flattens the hidden state: "
                     f"--logits-to-keep slices the [batch, sequence, width] input of {', '.join(_SLICED_HEADS)}")
-        if not _rank_kept(node, head["consumers"], head["scores"]):
+        if not _rank_kept(node, head["consumers"], head["scores"], retied and retied[3]):
             return (f"the head {head['initializer']}'s scores are reshaped on the way to {head['scores']}: the "
                     "sequence axis is not known there")
     return None
@@ -56,22 +57,28 @@ def _heads(model, info):
     return [h for h in info["heads"] if h.get("scores") and main_output(model, h) in outputs]
 
 
-def _flattened_by_retie(head):
-    """The nodes of a head --retie made (retie.rewrite: Shape and Reshape of the hidden state, Gemm on its rows,
-    Reshape back) that read the [batch, sequence, width] hidden state, or [] where `head` is not such a Gemm."""
-    node, body = head["node"], head["body"]
-    if node.op_type != "Gemm" or not node.name.endswith("tied_head"):
-        return []
-    prefix = node.name[:-len("tied_head")]
-    flatten = next((n for n in body.node if n.name == prefix + "flatten" and n.output[0] == node.input[0]), None)
-    if flatten is None:
-        return []
-    return [n for n in body.node if n.name.startswith(prefix) and flatten.input[0] in n.input]
+def retied_head(head):
+    """(hidden, Shape, flatten, unflatten) of a head --retie made (rewrite._gemm_head: Shape(hidden) and
+    Reshape(hidden, [-1, width]) -> Gemm(transB=1) -> Reshape(., Concat(Slice(Shape(hidden)), [vocab]))), told by
+    that structure alone, whatever its nodes are named; None for any other head."""
+    node, producer, consumers = head["node"], head["producer"], head["consumers"]
+    if node.op_type != "Gemm" or attribute(node, "transB", 0) != 1:
+        return None
+    flatten, after = producer.get(node.input[0]), consumers.get(node.output[0], [])
+    if flatten is None or flatten.op_type != "Reshape" or len(after) != 1 or after[0].op_type != "Reshape":
+        return None
+    hidden, unflatten = flatten.input[0], after[0]
+    concat = producer.get(unflatten.input[1])
+    lead = producer.get(concat.input[0]) if concat is not None and concat.op_type == "Concat" else None
+    shape = producer.get(lead.input[0]) if lead is not None and lead.op_type == "Slice" else None
+    if shape is None or shape.op_type != "Shape" or shape.input[0] != hidden:
+        return None
+    return hidden, shape, flatten, unflatten
 
 
-def _rank_kept(node, consumers, output):
+def _rank_kept(node, consumers, output, unflatten=None):
     """Whether head `node`'s product reaches `output` through elementwise ops only (no view changes its rank): the
-    Reshape back to [batch, sequence, vocab] of a head --retie made counts as one."""
+    Reshape back to [batch, sequence, vocab] of a head --retie made (`unflatten`) counts as one."""
     todo, seen = [node.output[0]], set()
     while todo:
         name = todo.pop()
@@ -80,9 +87,8 @@ def _rank_kept(node, consumers, output):
         if name in seen:
             continue
         seen.add(name)
-        todo += [n.output[0] for n in consumers.get(name, []) if n.output and (
-            n.op_type in _ELEMENTWISE or n.op_type == "Reshape" and n.name.endswith("_unflatten") and
-            name == node.output[0] and node.name.endswith("tied_head"))]
+        todo += [n.output[0] for n in consumers.get(name, [])
+                 if n.output and (n.op_type in _ELEMENTWISE or n is unflatten)]
     return False
 
 
@@ -110,7 +116,8 @@ def keep_last(model, info, default):
     heads, renamed, outputs = {}, {}, set()
     for number, head in enumerate(_heads(model, info)):
         body, node = head["body"], head["node"]
-        readers = _flattened_by_retie(head) or [node]  # a head --retie made reads it in two nodes
+        retied = retied_head(head)
+        readers = list(retied[1:3]) if retied else [node]  # a head --retie made reads it in two nodes
         hidden, kept = readers[0].input[0], f"{prefix}{number}_hidden"
         body.node.insert(min(list(body.node).index(n) for n in readers), helper.make_node(
             "Slice", [hidden, start, end, axis], [kept], name=f"{prefix}{number}_last_k",
@@ -121,8 +128,7 @@ def keep_last(model, info, default):
         renamed[kept] = hidden
         quantized = head["format"] != "float32" or "quant" in head
         # what the head makes of [batch, sequence, width] rows: a head --retie made, its Reshape back to them
-        made = next((n.output[0] for n in body.node if readers[0] is not node and
-                     n.name == node.name[:-len("tied_head")] + "unflatten"), node.output[0])
+        made = retied[3].output[0] if retied else node.output[0]
         heads[made] = [hidden, head["initializer"], bool(head["as_table"]), not quantized, _nbits(head)]
         outputs.add(main_output(model, head))
         if body is not graph:
