@@ -1,7 +1,10 @@
 """Several models saved as one folder with one external data file they share: each distinct tensor's bytes once,
-so a table several files hold is stored once on disk and mapped once by the sessions that load them."""
+so a table several files hold is stored once on disk and mapped once by the sessions that load them. Or, for
+transformers.js, each model with data files of its own (`<file>_data`, chunked), the only form its browser build
+reads."""
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 
@@ -12,29 +15,37 @@ from graphs.arrays import write_array
 from graphs.storage import ALIGN, ALIGN_FROM, is_large, umask, without_large_tensors
 
 
-def save_together(models, folder, data_name="model.data", min_external_bytes=1024):
+def save_together(models, folder, data_name="model.data", min_external_bytes=1024, chunk_bytes=None, then=None):
     """Write `models` [(relative path, ModelProto, sources)] (sources as save() takes them) into a new folder
     `folder`, the tensors of `min_external_bytes` or more of the models in one directory in ONE data file
     `data_name` there that each of them names: each distinct tensor's bytes are written once (same type, dims and
     bytes, by digest) at an aligned offset, so a table several files hold is stored once and two sessions map the
-    same pages. The folder is staged beside `folder` and renamed into place: it appears whole or not at all, and
-    an existing one is refused. Every name must stay inside it (check_names): nothing is written anywhere else.
-    Returns the paths written. The models passed in are not changed."""
+    same pages. With `chunk_bytes`, transformers.js's layout instead: each model's tensors in data files of its own
+    beside it, `<file>_data`, then `<file>_data_1`, `_2`, ... (chunk_names), a chunk ending before it would reach
+    `chunk_bytes` (a tensor that alone reaches it has a chunk to itself); nothing shared across files, a tensor
+    held twice in one file written once. `then(written)`: {relative name: bytes} to write beside the models once
+    they are written (a config naming the chunks), `written` the paths so far relative to `folder`. The folder is
+    staged beside `folder` and renamed into place: it appears whole or not at all, and an existing one is
+    refused. Every name must stay inside it (check_names): nothing is written anywhere else. Returns the paths
+    written. The models passed in are not changed."""
     folder = os.path.abspath(os.fspath(folder))
-    check_names([name for name, _, _ in models], data_name)
+    check_names([name for name, _, _ in models], data_name, per_file=chunk_bytes is not None)
     if os.path.lexists(folder):
         raise FileExistsError(f"{folder} exists; refusing to overwrite it")
     staging = tempfile.mkdtemp(prefix=f".saving-{os.getpid()}-", dir=os.path.dirname(folder))  # see inspect.guard
-    data_files, placed, written = {}, {}, []  # placed: (directory, type, dims, digest) -> (offset, length)
+    targets, written = {}, []  # targets: where tensors go (a directory, or a model in per-file mode) -> _Data
     try:
         for name, model, sources in models:
             sources = sources or {}
             where = os.path.dirname(name)
             os.makedirs(os.path.join(staging, where), exist_ok=True)
-            if where not in data_files:
-                data_files[where] = open(os.path.join(staging, where, data_name), "wb")
-                written.append(os.path.join(folder, where, data_name))
-            data = data_files[where]
+            if chunk_bytes is not None:
+                data = targets[name] = _Data(staging, name + "_data", chunk_bytes, written)
+            else:
+                if where not in targets:
+                    targets[where] = _Data(staging, os.path.join(where, data_name), None, written)
+                    targets[where].open()  # one per directory, even if no tensor goes there (as always)
+                data = targets[where]
             light = without_large_tensors(model, min_external_bytes)
             large = {t.name: t for t in model.graph.initializer if is_large(t, min_external_bytes)}
             for tensor in light.graph.initializer:
@@ -42,42 +53,87 @@ def save_together(models, folder, data_name="model.data", min_external_bytes=102
                     continue
                 array = sources[tensor.name] if tensor.name in sources else \
                     np.frombuffer(large[tensor.name].raw_data, np.uint8)
-                key = (where, tensor.data_type, tuple(tensor.dims), _digest(array))
-                if key not in placed:
-                    offset = data.tell() + (-data.tell() % (ALIGN if array.nbytes >= ALIGN_FROM else 16))
-                    data.seek(offset)
-                    write_array(data, array, tensor)
-                    placed[key] = (offset, data.tell() - offset)
+                location, offset, length = data.place(array, tensor)
                 tensor.ClearField("raw_data")
                 del tensor.external_data[:]
                 tensor.data_location = onnx.TensorProto.EXTERNAL
-                for k, value in zip(("location", "offset", "length"), (data_name,) + tuple(map(str, placed[key]))):
+                for k, value in zip(("location", "offset", "length"), (location, str(offset), str(length))):
                     entry = tensor.external_data.add()
                     entry.key, entry.value = k, value
             with open(os.path.join(staging, name), "wb") as f:
                 f.write(light.SerializeToString())
-            written.append(os.path.join(folder, name))
-        for data in data_files.values():
+            written.append(name)
+        for data in targets.values():
             data.close()
+        for name, content in (then(list(written)) if then else {}).items():
+            check_names([name], data_name)
+            if name in written:
+                raise ValueError(f"{name!r}: both a model or data file and a file `then` writes")
+            os.makedirs(os.path.join(staging, os.path.dirname(name)), exist_ok=True)
+            with open(os.path.join(staging, name), "wb") as f:
+                f.write(content)
+            written.append(name)
         os.chmod(staging, 0o777 & ~umask())
         os.rename(staging, folder)  # atomic; refused if the folder appeared meanwhile and holds anything
     finally:
-        for data in data_files.values():
+        for data in targets.values():
             data.close()
         shutil.rmtree(staging, ignore_errors=True)
-    return written
+    return [os.path.join(folder, name) for name in written]
 
 
-def check_names(names, data_name):
+class _Data:
+    """The data file(s) of one directory (or one model): each distinct tensor placed once, at an aligned offset;
+    with `chunk_bytes`, in chunks `<base>`, `<base>_1`, ... none reaching that size unless one tensor does."""
+
+    def __init__(self, staging, base, chunk_bytes, written):
+        self.staging, self.base, self.chunk_bytes, self.written = staging, base, chunk_bytes, written
+        self.files, self.placed = [], {}  # placed: (type, dims, digest) -> (location, offset, length)
+
+    def open(self):
+        name = self.base if not self.files else f"{self.base}_{len(self.files)}"
+        self.files.append(open(os.path.join(self.staging, name), "wb"))
+        self.written.append(name)
+
+    def place(self, array, tensor):
+        key = (tensor.data_type, tuple(tensor.dims), _digest(array))
+        if key not in self.placed:
+            if not self.files:
+                self.open()
+            data = self.files[-1]
+            offset = data.tell() + (-data.tell() % (ALIGN if array.nbytes >= ALIGN_FROM else 16))
+            if self.chunk_bytes is not None and data.tell() and offset + array.nbytes >= self.chunk_bytes:
+                self.open()  # this chunk would reach the limit: the tensor starts the next one
+                data, offset = self.files[-1], 0
+            data.seek(offset)
+            write_array(data, array, tensor)
+            self.placed[key] = (os.path.basename(data.name), offset, data.tell() - offset)
+        return self.placed[key]
+
+    def close(self):
+        for f in self.files:
+            f.close()
+
+
+def chunk_names(written, model):
+    """The data files `save_together(..., chunk_bytes=...)` wrote for `model` (a path among `written`), in order:
+    `<file>_data`, `<file>_data_1`, ... (transformers.js's names; its use_external_data_format counts them)."""
+    pattern = re.compile(re.escape(model) + r"_data(_[1-9][0-9]*)?")
+    found = [w for w in written if pattern.fullmatch(w)]
+    return sorted(found, key=lambda w: int(w.rsplit("_", 1)[1]) if not w.endswith("_data") else 0)
+
+
+def check_names(names, data_name, per_file=False):
     """ValueError (one line) unless every name in `names` is a relative, normalized path inside the folder (no
-    absolute name, no `..`, no `.` parts), each once, none the data file `data_name` of its directory or a folder
-    another name needs: the staging folder's names are these, joined as given."""
+    absolute name, no `..`, no `.` parts), each once, none the data file `data_name` of its directory (or, with
+    `per_file`, another's `<file>_data` chunk) or a folder another name needs: the staging folder's names are
+    these, joined as given."""
     taken = set()
     for name in names:
         if not isinstance(name, str) or not name or os.path.isabs(name) or os.path.normpath(name) != name \
                 or name.split(os.sep)[0] == os.pardir or "\x00" in name:
             raise ValueError(f"{name!r}: not a name inside the folder (absolute, or with '..' or '.' parts)")
-        if os.path.basename(name) == data_name:
+        if os.path.basename(name) == data_name and not per_file:
             raise ValueError(f"{name!r}: the name of the data file the models share; choose another data_name")
         if name in taken:
             raise ValueError(f"{name!r}: named twice")
@@ -88,6 +144,8 @@ def check_names(names, data_name):
             if parent in taken:
                 raise ValueError(f"{parent!r}: both a model file and the folder of {name!r}")
             parent = os.path.dirname(parent)
+        if per_file and any(re.fullmatch(re.escape(other) + r"_data(_[0-9]+)?", name) for other in taken):
+            raise ValueError(f"{name!r}: the name of another model's data file")
 
 
 def _digest(array, chunk=16 * 2**20):

@@ -1,7 +1,8 @@
 """--retie OUT for a folder: each file the client loads is retied and proven as a file (retie.planned / proven),
 then every one of them is written into the new folder OUT with one data file they share (graphs.together: a
 table several files hold is stored there once, at one aligned offset every file names), the sidecars are copied,
-and OUT is measured again in one process holding every session."""
+and OUT is measured again in one process holding every session. A transformers.js folder is written as
+transformers.js reads one (transformersjs.py): each file with data files of its own, config.json saying so."""
 import os
 
 import onnx
@@ -13,9 +14,11 @@ from runtime.model.findings.across import disk_bytes
 from runtime.model.findings.counting import human, times
 from runtime.model.findings.relations import stored_as_table
 from runtime.model.read import sidecars
+from runtime.model.read.layout import transformersjs_root
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import external_sources
 from runtime.inspect.retie.rewrite import borrow
+from runtime.inspect.retie import transformersjs
 from runtime.inspect.retie import keep as keeps
 from runtime.inspect.retie.write import kept_line, planned_keeping, proven_in_place, rewritten_line
 from runtime.inspect.sandbox import memory
@@ -55,30 +58,42 @@ def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
             sources = external_sources(model)
         models.append((name, model.proto, sources))
     pairs = result["across"]["pairs"]
-    if not changed and not any(p["relation"] == "duplicate" for p in pairs):  # nothing one data file would merge
+    tjs = transformersjs_root(result["folder"])  # (root, where its files lie) of a transformers.js folder, or None
+    # OUT's name of each file: a transformers.js folder read from onnx/ is written whole, its root's layout
+    place = {it["file"]: os.path.join(tjs[1], it["file"]) if tjs else it["file"] for it in result["items"]}
+    merges = not tjs and any(p["relation"] == "duplicate" for p in pairs)  # what one shared data file would merge
+    if not changed and not merges:
         say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
     limits.progress(f"writing {out}")
+    models = [(place[name], proto, sources) for name, proto, sources in models]
+    config = transformersjs.Config(tjs[0], [name for name, _, _ in models], say) if tjs else None
     data = data_name([name for name, _, _ in models])
     try:
-        written = save_together(models, out, data)
+        written = save_together(models, out, data, **({"chunk_bytes": transformersjs.CHUNK_BYTES,
+                                                        "then": config.written} if tjs else {}))
     except ValueError as e:  # a name that would leave OUT (the layout's are checked before: never, by design)
         raise InspectError(f"--retie {out}: {e}; nothing written") from None
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     before = disk_bytes(result["items"])
-    after = sum(os.path.getsize(p) for p in written)
-    say(f"retie: wrote {out}: {len(models)} file(s) and one {data} they share: {human(before)} -> {human(after)} on "
+    sidecar = {os.path.join(out, n) for n in config.names()} if tjs else set()  # config.json, written with OUT
+    after = sum(os.path.getsize(p) for p in written if p not in sidecar)
+    shared = (f", each with its own data file(s) <file>_data (transformers.js's layout{config.said()})" if tjs else
+              f" and one {data} they share")
+    say(f"retie: wrote {out}: {len(models)} file(s){shared}: {human(before)} -> {human(after)} on "
         f"disk ({disk_change(before, after)})\n")
-    parts = [{"model": os.path.join(out, it["file"]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
+    parts = [{"model": os.path.join(out, place[it["file"]]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
              for it in result["items"] if it["info"]["rows"]]
     measured = memory.measure_together(parts, scratch, limits, after) if parts else {}
     _say_memory(result["across"]["vocabulary"], measured, say)
-    for line in _outcomes(result, out, held):
+    for line in _outcomes(result, out, held, place, per_file=bool(tjs)):
         say(line)
-    # the sidecars at the folder's top (config.json beside transformers.js's onnx/ too) and beside the files; every
-    # file keeps its name, so genai_config.json is copied naming the files it named, as they resolve
-    where = [os.path.dirname(it["file"]) for it in result["items"]]
-    for line in sidecars.copy_into(result["folder"], out, where):
+    # the sidecars at the folder's top (config.json beside transformers.js's onnx/ too, its root's when read from
+    # onnx/) and beside the files; every file keeps its name, so genai_config.json is copied naming the files it
+    # named, as they resolve
+    top = tjs[0] if tjs else result["folder"]
+    where = [os.path.dirname(name) for name, _, _ in models]
+    for line in sidecars.copy_into(top, out, where, skip=config.names() if tjs else ()):
         say(f"retie: {line}\n")
     return 0
 
@@ -205,16 +220,17 @@ def _stored_after(out, names):
     return len(places)
 
 
-def _outcomes(result, out, held):
+def _outcomes(result, out, held, place, per_file=False):
     """One line per table the folder held more than once: stored and held before -> after, and the bytes saved.
     After, on disk: the files written, read back; in memory: the copies one mapped range of the shared data file
     counts once, plus each file's extra copies as its proof counted them (held: {file: {table: copies}}) or, for a
-    file left as it was, as its report did."""
+    file left as it was, as its report did. `per_file`: each file has data of its own (transformers.js's layout),
+    so each place a table is stored is mapped by its own session."""
     for v in result["across"]["vocabulary"]:
         was = v["in_memory"]["defaults"]["copies"]
         if not (v["copies_on_disk"] > 1 or (was or 0) > 1):
             continue
-        names = {(it["file"], e["initializer"]) for it, e, _ in v["members"]}
+        names = {(place[it["file"]], e["initializer"]) for it, e, _ in v["members"]}
         on_disk = _stored_after(out, names)
         extra = 0
         for it in result["items"]:
@@ -224,7 +240,7 @@ def _outcomes(result, out, held):
             counted = [n for t, n in held.get(it["file"], {}).items() if t in mine]
             per_file = [e["tables_in_memory"] or 1 for e in it["info"]["vocabulary"] if e["table"] in mine]
             extra += max((counted or per_file or [1])[0] - 1, 0)
-        after = 1 + extra
+        after = (on_disk if per_file else 1) + extra
         saved = [f"{human((v['copies_on_disk'] - on_disk) * v['bytes'])} on disk"] if v["copies_on_disk"] > on_disk else []
         saved += [f"{human((was - after) * v['bytes'])} in memory (counted)"] if was is not None and was > after else []
         stored = (f"stored {times(v['copies_on_disk'])} -> {times(on_disk)}" if v["copies_on_disk"] != on_disk else

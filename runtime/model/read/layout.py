@@ -1,5 +1,7 @@
 """The files a client loads together from a folder: genai_config.json's, Optimum's encoder and merged
-decoder (or the split pair), transformers.js's onnx/ layout at one dtype suffix, else every .onnx file."""
+decoder (or the split pair), transformers.js's onnx/ layout at one dtype suffix (a decoder-only model's
+onnx/model.onnx, or its first variant), else every .onnx file."""
+import json
 import os
 
 from runtime.model.read import paths, sidecars
@@ -49,6 +51,11 @@ def _chosen_by_layout(folder, chosen):
         if found:
             files, suffix = found
             return files, f"transformers.js's onnx/ layout at dtype suffix {suffix!r} (embed_tokens, encoders, decoder)"
+        variants = [f"model{suffix}.onnx" for suffix in SUFFIXES]
+        variant = next((v for v in variants if os.path.isfile(os.path.join(folder, "onnx", v))), None)
+        if variant:  # a decoder-only model: one file per dtype, and a client loads one of them
+            return [os.path.join("onnx", variant)], (f"transformers.js's onnx/ layout: one dtype variant, "
+                                                     f"{variant} (a client loads one)")
     found = _layout(folder, "", suffixes=("",))
     if found:
         files = found[0]
@@ -76,3 +83,24 @@ def _layout(folder, sub, suffixes=SUFFIXES):
         stems = [s for s in _ENCODERS if exists(s)] + decoders
         return [os.path.join(sub, s + suffix + ".onnx") for s in stems], suffix
     return None
+
+
+def transformersjs_root(folder):
+    """(its root, the folder its model files lie in relative to that root) when `folder` is a transformers.js
+    folder: a root whose config.json (a JSON object) lies beside onnx/, gives (folder, ""); onnx/ itself, the
+    same beside its parent, gives (parent, "onnx"). None for any other folder. The config is read as sidecars
+    read it (a regular file in that folder, not a link out of it, and small)."""
+    folder = os.path.abspath(folder)
+    if os.path.isdir(os.path.join(folder, "onnx")) and _config(folder):
+        return folder, ""
+    if os.path.basename(folder) == "onnx" and _config(os.path.dirname(folder)):
+        return os.path.dirname(folder), "onnx"
+    return None
+
+
+def _config(folder):
+    data = sidecars.read(os.path.join(folder, "config.json"), "config.json")
+    try:
+        return isinstance(json.loads(data), dict) if data is not None else False
+    except (ValueError, RecursionError):
+        return False

@@ -95,16 +95,17 @@ def copy_beside(model_path, out_path):
     return lines
 
 
-def copy_into(folder, out, where=("",)):
+def copy_into(folder, out, where=("",), skip=()):
     """Copy the sidecars of `folder`'s top and of each of its subfolders `where` (those the client's files lie in)
     to the same places in the new folder `out`, whose model files keep their names; genai_config.json is written
     with each model file it names as the name that resolves to inside the folder (read.paths.relative: a
-    `../FOLDER/model.onnx` becomes `model.onnx`), so that OUT's config names OUT's files. One line per file."""
+    `../FOLDER/model.onnx` becomes `model.onnx`), so that OUT's config names OUT's files; the names in `skip`
+    (OUT's own config.json, written with it) are not copied. One line per file."""
     lines = []
     for sub in dict.fromkeys(("",) + tuple(where)):
         source = os.path.join(folder, sub, "model.onnx")  # read() takes a model's path: the sidecars beside it
         for name in NAMES:
-            data = read(source, name)
+            data = read(source, name) if os.path.join(sub, name) not in skip else None
             if data is None:
                 continue
             label = os.path.join(sub, name)
