@@ -88,6 +88,18 @@ def test_the_fp32_variant_of_a_transformers_js_folder_is_read(tmp_path):
         assert found.model.endswith(os.path.join("onnx", "model.onnx")) and np.array_equal(found.values, table)
 
 
+def test_a_hub_cache_snapshot_is_read_in_place_with_its_tokenizer(tmp_path):
+    from tests.runtime_inspect.test_hostile_folders import hub_snapshot
+    path, table = small_model(tmp_path)
+    tokenizer(tmp_path, [f"w{i}" for i in range(300)])
+    snapshot = hub_snapshot(tmp_path, {n: (tmp_path / n).read_bytes() for n in ("model.onnx", "tokenizer.json")})
+    found = read_table(str(snapshot))
+    assert np.array_equal(found.values, table) and found.tied
+    done = run_compare("--model", snapshot, "--query", "w5", "--k", "3", "--json", "-")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["table"]["queries"][0]["token"] == "w5"
+
+
 # --- the command -----------------------------------------------------------------------------------------------
 
 def tokenizer(tmp_path, tokens):
