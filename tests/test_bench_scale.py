@@ -20,15 +20,21 @@ def test_the_generated_model_is_a_tied_decoder(form, tmp_path):
     weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     table = weights["embed.weight"]
     assert table.shape == (300, 16) and written >= sum(w.nbytes for w in weights.values())
-    if form == "torchscript":
+    if form != "shared":
         assert np.array_equal(weights["onnx::MatMul_head"].view(np.uint32), table.T.view(np.uint32))
     else:
         assert "onnx::MatMul_head" not in weights
+    assert (form == "layered") == (not (tmp_path / "m.onnx.data").exists())  # layered: inline below 2 GiB
     ids = np.array([[3, 299, 0]], np.int64)
     h = table[ids[0]].astype(np.float64)  # the blocks computed here, in float64, from the stored weights
     for i in range(2):
+        if form == "layered":  # single-head attention: softmax(q k^T / sqrt(width)) v o, added back
+            q, k, v = (h @ weights[f"layers.{i}.attn.{w}"] for w in "qkv")
+            scores = q @ k.T / np.sqrt(16)
+            mix = np.exp(scores - scores.max(1, keepdims=True))
+            h = h + (mix / mix.sum(1, keepdims=True)) @ v @ weights[f"layers.{i}.attn.o"]
         h = h + np.maximum(h @ weights[f"blocks.{i}.up"], 0) @ weights[f"blocks.{i}.down"]
-    feeds = {"input_ids": ids if form == "torchscript" else ids[0]}
+    feeds = {"input_ids": ids[0] if form == "shared" else ids}
     (logits,) = ort.InferenceSession(path).run(None, feeds)
     assert np.allclose(logits.reshape(3, 300), h @ table.T.astype(np.float64), rtol=1e-4, atol=1e-4)
 
@@ -36,6 +42,16 @@ def test_the_generated_model_is_a_tied_decoder(form, tmp_path):
 def test_blocks_bring_the_model_near_its_size():
     assert scale_model.blocks_for(2.96) == 8  # 128256 x 2048 twice and 8 blocks of 2 x 2048 x 8192: 2.96 GiB
     assert scale_model.blocks_for(0.001) == 1
+    # layered: each layer also 4 x 2048 x 2048 of attention (16 MiB each): 16 layers of 192 MiB + 2 GiB of tables
+    assert scale_model.blocks_for(2 * 128256 * 2048 * 4 / 2**30 + 16 * 0.1875, form="layered") == 16
+
+
+def test_a_layered_model_past_the_inline_limit_keeps_its_data_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(scale_model, "INLINE_BELOW", 1000)
+    scale_model.generate(str(tmp_path / "m.onnx"), 1, form="layered", **DIMS)
+    model = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    big = [t for t in model.graph.initializer if t.name != "attn_scale"]
+    assert (tmp_path / "m.onnx.data").exists() and all(t.data_location == onnx.TensorProto.EXTERNAL for t in big)
 
 
 @pytest.mark.slow
@@ -43,7 +59,7 @@ def test_blocks_bring_the_model_near_its_size():
 def test_the_scale_section_runs_every_command(form, tmp_path):
     figures = scale.run_size(0.0001, form, str(tmp_path), **DIMS)
     assert {k: f["status"] for k, f in figures.items() if k != "size_bytes"} == {
-        "baseline": 0, "inspect": 0, "static": 0, "retie": 0, **({"keep": 0} if form == "torchscript" else {})}
+        "baseline": 0, "inspect": 0, "static": 0, "retie": 0, **({"keep": 0} if form != "shared" else {})}
     assert all(f["peak_bytes"] > 0 for k, f in figures.items() if k != "size_bytes")
     lines = list(scale.lines(figures))
     assert len(lines) == len(figures) - 1 and lines[1].lstrip().startswith("inspect") and "x (target" in lines[1]

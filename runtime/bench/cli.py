@@ -38,8 +38,8 @@ def _parser():
                         "date and machine of the run: into the <!-- bench:NAME --> ... <!-- /bench --> regions of "
                         "FILE if it exists (BENCHMARKS.md), else a new file holding every table")
     parser.add_argument("--scale", metavar="GIB", type=float, nargs="+", help="also f: inspect, --static and "
-                        "--retie on generated tied models of these sizes, each a ratio to a plain session of the same "
-                        "model (runtime.bench.scale; 3 and 8 GiB take about 10 minutes here, and twice the largest "
+                        "--retie on generated tied models of these sizes (a few big blocks, and transformer-like layers), each a "
+                        "ratio to a plain session of the same model (runtime.bench.scale; 3 and 8 GiB take about 10 minutes here, and twice the largest "
                         "size on disk)")
     parser.add_argument("--plot", metavar="FILE.png", help="plot the ratios, and the memory meeting beside it as "
                         "FILE_formats.png (needs matplotlib)")
@@ -97,7 +97,7 @@ def _measure(quick, scale_gib=()):
     results["floor"] = bench_floor(budget)
     if scale_gib:
         stage("f: inspect and --retie at the sizes people ship")
-        results["scale"] = bench_scale(scale_gib)
+        results["scale"] = bench_scale(scale_gib) + bench_scale(scale_gib, "layered")  # and as exports are shaped
     stage()
     return results
 

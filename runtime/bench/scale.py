@@ -87,7 +87,7 @@ def run_size(gib, form, where, **dims):
     figures["static"] = measure(inspect + ["--static"])
     out = os.path.join(where, "out.onnx")
     figures["retie"] = measure(inspect + ["--retie", out])
-    if form == "torchscript":  # [batch, sequence] in, logits per position out: a head --logits-to-keep slices
+    if form != "shared":  # [batch, sequence] in, logits per position out: a head --logits-to-keep slices
         for name in [n for n in os.listdir(where) if n.startswith("out.onnx")]:
             os.remove(os.path.join(where, name))
         figures["keep"] = measure(inspect + ["--retie", out, "--logits-to-keep", "1"])
