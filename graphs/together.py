@@ -46,33 +46,13 @@ def save_together(models, folder, data_name="model.data", min_external_bytes=102
                     targets[where] = _Data(staging, os.path.join(where, data_name), None, written)
                     targets[where].open()  # one per directory, even if no tensor goes there (as always)
                 data = targets[where]
-            light = without_large_tensors(model, min_external_bytes)
-            large = {t.name: t for t in model.graph.initializer if is_large(t, min_external_bytes)}
-            for tensor in light.graph.initializer:
-                if tensor.name not in large and tensor.name not in sources:
-                    continue
-                array = sources[tensor.name] if tensor.name in sources else \
-                    np.frombuffer(large[tensor.name].raw_data, np.uint8)
-                location, offset, length = data.place(array, tensor)
-                tensor.ClearField("raw_data")
-                del tensor.external_data[:]
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                for k, value in zip(("location", "offset", "length"), (location, str(offset), str(length))):
-                    entry = tensor.external_data.add()
-                    entry.key, entry.value = k, value
             with open(os.path.join(staging, name), "wb") as f:
-                f.write(light.SerializeToString())
+                f.write(_placed(model, sources, data, min_external_bytes).SerializeToString())
             written.append(name)
         for data in targets.values():
             data.close()
         for name, content in (then(list(written)) if then else {}).items():
-            check_names([name], data_name)
-            if name in written:
-                raise ValueError(f"{name!r}: both a model or data file and a file `then` writes")
-            os.makedirs(os.path.join(staging, os.path.dirname(name)), exist_ok=True)
-            with open(os.path.join(staging, name), "wb") as f:
-                f.write(content)
-            written.append(name)
+            _write_beside(staging, name, content, data_name, written)
         os.chmod(staging, 0o777 & ~umask())
         os.rename(staging, folder)  # atomic; refused if the folder appeared meanwhile and holds anything
     finally:
@@ -80,6 +60,35 @@ def save_together(models, folder, data_name="model.data", min_external_bytes=102
             data.close()
         shutil.rmtree(staging, ignore_errors=True)
     return [os.path.join(folder, name) for name in written]
+
+
+def _placed(model, sources, data, min_external_bytes):
+    """A copy of `model` whose large tensors (and those `sources` gives) name where `data` (a _Data) placed them."""
+    light = without_large_tensors(model, min_external_bytes)
+    large = {t.name: t for t in model.graph.initializer if is_large(t, min_external_bytes)}
+    for tensor in light.graph.initializer:
+        if tensor.name not in large and tensor.name not in sources:
+            continue
+        array = sources[tensor.name] if tensor.name in sources else np.frombuffer(large[tensor.name].raw_data, np.uint8)
+        location, offset, length = data.place(array, tensor)
+        tensor.ClearField("raw_data")
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for k, value in zip(("location", "offset", "length"), (location, str(offset), str(length))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = k, value
+    return light
+
+
+def _write_beside(staging, name, content, data_name, written):
+    """A file save_together's `then` asked for, written into the staging folder (its name checked as a model's)."""
+    check_names([name], data_name)
+    if name in written:
+        raise ValueError(f"{name!r}: both a model or data file and a file `then` writes")
+    os.makedirs(os.path.join(staging, os.path.dirname(name)), exist_ok=True)
+    with open(os.path.join(staging, name), "wb") as f:
+        f.write(content)
+    written.append(name)
 
 
 class _Data:

@@ -64,11 +64,7 @@ def generate(path, blocks, vocab=VOCAB, width=WIDTH, hidden=HIDDEN, form="torchs
                 nodes += _attention(i)
             external(f"blocks.{i}.up", [width, hidden], random(width, hidden, width ** -0.5))
             external(f"blocks.{i}.down", [hidden, width], random(hidden, width, hidden ** -0.5))
-            before = f"a{i}" if form == "layered" else f"h{i}"
-            nodes += [helper.make_node("MatMul", [before, f"blocks.{i}.up"], [f"u{i}"], name=f"up{i}"),
-                      helper.make_node("Relu", [f"u{i}"], [f"r{i}"], name=f"relu{i}"),
-                      helper.make_node("MatMul", [f"r{i}", f"blocks.{i}.down"], [f"d{i}"], name=f"down{i}"),
-                      helper.make_node("Add", [before, f"d{i}"], [f"h{i + 1}"], name=f"residual{i}")]
+            nodes += _mlp(i, f"a{i}" if form == "layered" else f"h{i}")
         last = f"h{blocks}"
         if form != "shared":
             def transposed(f):  # the table's columns, a block of them at a time, as rows of the head
@@ -83,19 +79,33 @@ def generate(path, blocks, vocab=VOCAB, width=WIDTH, hidden=HIDDEN, form="torchs
         else:
             nodes.append(helper.make_node("Gemm", [last, "embed.weight"], ["logits"], name="lm_head", transB=1))
         written = data.tell()
-    hidden_shape = ["tokens"] if form == "shared" else ["batch", "sequence"]
     if form == "layered":
         initializers.append(helper.make_tensor("attn_scale", TensorProto.FLOAT, [], [width ** -0.5]))
-    graph = helper.make_graph(
-        nodes, f"scale_{form}", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, hidden_shape)],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, hidden_shape + [vocab])], initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="onnx-lab scale")
-    model.ir_version = 8
+    model = _model(nodes, initializers, form, vocab)
     if form == "layered" and written < INLINE_BELOW:
         _inline(model, os.path.join(os.path.dirname(os.path.abspath(path)), data_name))
     with open(path, "wb") as f:
         f.write(model.SerializeToString())
     return written
+
+
+def _model(nodes, initializers, form, vocab):
+    """The ModelProto of `nodes` and `initializers`: ids [batch, sequence] (the shared form: [tokens]) to logits."""
+    hidden_shape = ["tokens"] if form == "shared" else ["batch", "sequence"]
+    graph = helper.make_graph(
+        nodes, f"scale_{form}", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, hidden_shape)],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, hidden_shape + [vocab])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="onnx-lab scale")
+    model.ir_version = 8
+    return model
+
+
+def _mlp(i, before):
+    """Block i's MatMul / Relu / MatMul on `before`, added back: h{i + 1}."""
+    return [helper.make_node("MatMul", [before, f"blocks.{i}.up"], [f"u{i}"], name=f"up{i}"),
+            helper.make_node("Relu", [f"u{i}"], [f"r{i}"], name=f"relu{i}"),
+            helper.make_node("MatMul", [f"r{i}", f"blocks.{i}.down"], [f"d{i}"], name=f"down{i}"),
+            helper.make_node("Add", [before, f"d{i}"], [f"h{i + 1}"], name=f"residual{i}")]
 
 
 def _attention(i):

@@ -30,33 +30,11 @@ def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
     """Retie the folder `result` describes (folder.inspect_folder) into the new folder `out`; the exit status: 0
     written (or nothing to do), 1 a file's proof failed (nothing written). `logits_to_keep`: --logits-to-keep's K,
     for each file whose head scores every prompt position (retie.keep)."""
-    models, changed, held = [], 0, {}
-    borrowed, fed = _borrowed_tables(result, say), upstream(result["items"])
-    keeping = _keeping(result["items"], logits_to_keep, say)
-    for i, item in enumerate(result["items"]):
-        model, info, name = item["model"], item["info"], item["file"]
-        rewritten, sources, keep = planned_keeping(model, info, lambda line: say(line.replace(
-            "retie: ", f"retie: {name}: ", 1)), logits_to_keep if name in keeping else None)
-        for head, owner, table in borrowed.get(name, []):
-            rewritten.append(borrow(model, sources, head, owner["model"], table))
-        if rewritten or keep:
-            where = os.path.join(scratch, f"retie{i}")
-            os.mkdir(where)
-            _, held[name], failures, weights, _ = proven_in_place(
-                model, info, rewritten, sources, where, limits,
-                lambda line: say(line.replace("retie: ", f"retie: {name}: ", 1)), fed[name], keep=keep)
-            if failures:
-                say(f"retie: {name}: " + (failures[0] if failures[0].startswith("failed") else
-                                          f"not proven, nothing written: {failures[0]}") + "\n")
-                return 1
-            if rewritten:
-                say(rewritten_line(rewritten, model, info["shape"], f"{name}: ", fed[name], weights))
-            if keep:
-                say(kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(h for _, h, *_ in rewritten)))
-            changed += 1
-        else:  # as it is, its external tensors read from their files as they are written
-            sources = external_sources(model)
-        models.append((name, model.proto, sources))
+    held = {}
+    proven = _proven_files(result, scratch, limits, say, logits_to_keep, held)
+    if proven is None:
+        return 1
+    models, changed = proven
     pairs = result["across"]["pairs"]
     tjs = transformersjs_root(result["folder"])  # (root, where its files lie) of a transformers.js folder, or None
     # OUT's name of each file: a transformers.js folder read from onnx/ is written whole, its root's layout
@@ -96,6 +74,38 @@ def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
     for line in sidecars.copy_into(top, out, where, skip=config.names() if tjs else ()):
         say(f"retie: {line}\n")
     return 0
+
+
+def _proven_files(result, scratch, limits, say, logits_to_keep, held):
+    """([(name, ModelProto, sources)] of every file, how many were rewritten), each rewritten file proven first
+    (what its session holds put in `held`), or None when a proof failed (said; nothing is to be written)."""
+    models, changed = [], 0
+    borrowed, fed = _borrowed_tables(result, say), upstream(result["items"])
+    keeping = _keeping(result["items"], logits_to_keep, say)
+    for i, item in enumerate(result["items"]):
+        model, info, name = item["model"], item["info"], item["file"]
+        said = lambda line, name=name: say(line.replace("retie: ", f"retie: {name}: ", 1))
+        rewritten, sources, keep = planned_keeping(model, info, said, logits_to_keep if name in keeping else None)
+        for head, owner, table in borrowed.get(name, []):
+            rewritten.append(borrow(model, sources, head, owner["model"], table))
+        if rewritten or keep:
+            where = os.path.join(scratch, f"retie{i}")
+            os.mkdir(where)
+            _, held[name], failures, weights, _ = proven_in_place(model, info, rewritten, sources, where, limits,
+                                                                  said, fed[name], keep=keep)
+            if failures:
+                say(f"retie: {name}: " + (failures[0] if failures[0].startswith("failed") else
+                                          f"not proven, nothing written: {failures[0]}") + "\n")
+                return None
+            if rewritten:
+                say(rewritten_line(rewritten, model, info["shape"], f"{name}: ", fed[name], weights))
+            if keep:
+                say(kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(h for _, h, *_ in rewritten)))
+            changed += 1
+        else:  # as it is, its external tensors read from their files as they are written
+            sources = external_sources(model)
+        models.append((name, model.proto, sources))
+    return models, changed
 
 
 def _keeping(items, logits_to_keep, say):
