@@ -3,16 +3,17 @@ import argparse
 
 from embed import OneLineParser
 from runtime.model.findings.prefill import PROMPT
+from runtime.model.graph import ops
 from runtime.model.read import sidecars
 from runtime.inspect.sandbox import feeds, isolated
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
 
-Tables are initializers a Gather or GatherBlockQuantized reads rows from; heads are the weights of a MatMul,
-Gemm, FusedMatMul, MatMulNBits or integer matmul (MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul), seen
-through Identity, Transpose, Reshape, Cast, Squeeze, Unsqueeze and DequantizeLinear. Each table/head pair of
-matching shape is `shared` (one initializer), `duplicate` (same values; quantized: same codes and scales in any
-layout), `transposed_duplicate`, `quantized_copy` (one holds the other quantized: not a tie) or `distinct`.
+Tables are initializers a Gather or GatherBlockQuantized reads rows from; heads are the weights of a
+{floats} or integer matmul ({integers}),
+seen through Identity, Transpose, Reshape, Cast, Squeeze, Unsqueeze and DequantizeLinear. Each table/head pair
+of matching shape is `shared` (one initializer), `duplicate` (same values; quantized: same codes and scales in
+any layout), `transposed_duplicate`, `quantized_copy` (one holds the other quantized: not a tie) or `distinct`.
 The report opens with its verdict: one line per table the files or a client's process hold more than once (copies
 on disk and in a session, the bytes wasted, and the fix: --retie OUT, or why none can), or one line saying all is
 well; --json holds it as `verdict`. Then each table's size, format, tie and share of the parameters, and what a
@@ -33,7 +34,8 @@ genai_config.json (naming OUT), config and tokenizer files beside OUT. For a FOL
 file retied, all of them naming one data file that holds each table once. It proves the change first (heads within
 float32's bound, everything else bit for bit) and never overwrites. The model is untrusted: every tensor is
 checked before it is read, external data must lie inside the model's folder, and onnxruntime runs in a child
-process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole command."""
+process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole command.""".replace("{floats}", ", ".join(ops.FLOAT_MATMULS)).replace(
+    "{integers}", ", ".join(ops.INTEGER_MATMULS))  # graph.ops: the one list of matmuls
 
 EPILOG = """exit status:
   0    the report written (and OUT, if --retie had something to do)

@@ -9,12 +9,12 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from runtime.model.findings.prefill import KEEP, main_output
+from runtime.model.graph.ops import KEEPS_RANK, MATMULS
 from runtime.model.graph.quantized import attribute
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import const, unique_name
 
-_SLICED_HEADS = ("MatMul", "FusedMatMul", "MatMulNBits")  # read [batch, sequence, width] and keep its rank
-_ELEMENTWISE = ("Identity", "Cast", "Tanh", "Softcap", "Add", "Sub", "Mul", "Div")  # keep the rank to the output
+_SLICED_HEADS = tuple(op for op, facts in MATMULS.items() if facts.sliceable)
 
 
 def why_not(model, info):
@@ -88,7 +88,7 @@ def _rank_kept(node, consumers, output, unflatten=None):
             continue
         seen.add(name)
         todo += [n.output[0] for n in consumers.get(name, [])
-                 if n.output and (n.op_type in _ELEMENTWISE or n is unflatten)]
+                 if n.output and (n.op_type in KEEPS_RANK or n is unflatten)]
     return False
 
 

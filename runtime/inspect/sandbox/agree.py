@@ -7,6 +7,7 @@ import numpy as np
 from graphs.arrays import release
 from runtime.bounds import U, dot_bounds, quantized_head_bound
 from runtime.model.findings.shares import scalar_constant
+from runtime.model.graph.ops import SCALES, WITHIN_ITS_INPUT
 from runtime.model.graph.quantized import Quant, decoded
 from runtime.model.graph.scopes import scopes
 from runtime.model.read.model import label
@@ -111,13 +112,13 @@ def chains(model, head_of):
             node = readers[0] if len(readers) == 1 and readers[0].output else None
             if node is None:
                 break
-            if node.op_type in ("Tanh", "Identity"):
+            if node.op_type in WITHIN_ITS_INPUT:
                 factor = 1.0
             elif node.op_type in ("Add", "Sub") and len(node.input) == 2 and name in node.input and \
                     _constant_tensor(node.input[1] if node.input[0] == name else node.input[0], producer, model):
                 factor = 1.0  # a constant added, of any shape (BART's and Marian's final_logits_bias): the same on
                 # both sides, so the difference passes unchanged, less the rounding ULPS_PER_OP counts
-            elif node.op_type in ("Div", "Mul", "Add", "Sub") and len(node.input) == 2 and name in node.input:
+            elif node.op_type in SCALES and len(node.input) == 2 and name in node.input:
                 other = node.input[1] if node.input[0] == name else node.input[0]
                 c = scalar_constant(other, producer, model)
                 if c is None or not np.isfinite(c) or (node.op_type == "Div" and (node.input[0] != name or c == 0)):

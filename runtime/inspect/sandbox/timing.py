@@ -7,15 +7,13 @@ import glob
 import json
 import os
 
+from runtime.model.graph.ops import PROFILED_MATMULS
 from runtime.model.read.text import InspectError
 from runtime.inspect.sandbox import isolated
 
 MOST_FLOPS = 10**12  # multiply-adds x 2 of the prefill (its head, or every weight once a token) past which no run is
 # made: ~10 s on this 2-core machine
 MOST_SECONDS = 120  # and the most the run may take (or a third of the command's time left, if less)
-
-_MATMULS = ("MatMul", "Gemm", "FusedMatMul", "MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul",
-            "QLinearMatMul", "MatMulIntegerToFloat")
 
 
 def time_prefill(model, info, folder, limits):
@@ -117,7 +115,7 @@ def runs(events, vocab):
         if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
             continue
         shapes = [list(s.values())[0] for s in args.get("output_type_shape", []) if s]
-        if args.get("op_name") in _MATMULS and any(s and s[-1] in vocab for s in shapes):
+        if args.get("op_name") in PROFILED_MATMULS and any(s and s[-1] in vocab for s in shapes):
             for i, (start, end) in enumerate(spans):
                 if start <= e["ts"] <= end:
                     heads[i] += e["dur"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import AttributeProto, TensorProto
 
+from runtime.model.graph.ops import MATMULS
 from runtime.model.read.model import BYTE_CODES, CODES, label
 from runtime.model.read.text import InspectError
 
@@ -197,10 +198,6 @@ def attribute(node, name, default=None):
     return default
 
 
-# Integer matmuls: (the weight's input, its scale's input or None: found past the op, its zero point's input)
-INTEGER_MATMULS = {"MatMulInteger": (1, None, 3), "DynamicQuantizeMatMul": (1, 2, 3), "QLinearMatMul": (3, 4, 5)}
-
-
 def _input(node, i):
     return node.input[i] if len(node.input) > i and node.input[i] else None
 
@@ -208,7 +205,7 @@ def _input(node, i):
 def integer_quant(node, codes, flipped, width, producer, consumers, model):
     """The Quant of an integer matmul's weight `codes` (stored [width, vocab] unless `flipped`): its scale is an
     input of the op, or (MatMulInteger) the initializer its output is multiplied by."""
-    _, scale_at, zero_at = INTEGER_MATMULS[node.op_type]
+    scale_at, zero_at = MATMULS[node.op_type].scale, MATMULS[node.op_type].zero_point  # scale None: past the op
     scale = _input(node, scale_at) if scale_at is not None else _scale_after(node, producer, consumers, model)
     return Quant(codes, scale, _input(node, zero_at), 8, False, axis=1 - flipped, tokens_axis=1 - flipped,
                  width=width)

@@ -6,8 +6,8 @@ from onnx import TensorProto
 from graphs.precision import format_name
 from graphs.tie import viewed_dims
 from runtime.model.graph.constants import small_ints
-from runtime.model.graph.quantized import (INTEGER_MATMULS, Quant, attribute, dq_quant, gathered_quant, gbq_quant,
-                                             integer_quant)
+from runtime.model.graph.ops import CARRIES, INTEGER_MATMULS, MATMULS, SCALES
+from runtime.model.graph.quantized import Quant, attribute, dq_quant, gathered_quant, gbq_quant, integer_quant
 from runtime.model.graph.scopes import scopes
 from runtime.model.read.model import label
 from runtime.model.read.text import InspectError
@@ -107,8 +107,6 @@ def find_tables_and_heads(model):
     return tables, heads
 
 
-_SCALED = {"Add", "Sub", "Mul", "Div"}  # a bias or a scale, when its other operand is one (_a_scale)
-_ON_THE_WAY = ("Identity", "Reshape", "Cast", "Squeeze", "Unsqueeze", "Tanh", "Softcap")  # not Transpose: K and V
 
 
 def _a_scale(name, producer, depth=8):
@@ -119,7 +117,7 @@ def _a_scale(name, producer, depth=8):
         return True
     if node.op_type == "DynamicQuantizeLinear":
         return len(node.output) > 1 and name == node.output[1]
-    return depth > 0 and node.op_type in _SCALED | {"Cast", "Reshape", "Identity"} and all(
+    return depth > 0 and node.op_type in SCALES + ("Cast", "Reshape", "Identity") and all(
         _a_scale(i, producer, depth - 1) for i in node.input if i)
 
 
@@ -136,9 +134,9 @@ class ScoredOutputs:
         self.outputs, self.known = {o.name for o in body.output}, {}
 
     def _onward(self, step, name):
-        if step.op_type in _SCALED:
+        if step.op_type in SCALES:
             return all(_a_scale(other, self.producer) for other in step.input if other != name)
-        return step.op_type in _ON_THE_WAY
+        return step.op_type in CARRIES  # not Transpose: a key or value projection's way to attention
 
     def _next(self, name):
         return [n.output[0] for n in self.consumers.get(name, []) if n.output and self._onward(n, name)]
@@ -233,7 +231,8 @@ def _matmul_head(model, node, producer, consumers, resolve):
     entry = _entry(model, weight, node, "head") if weight else None
     if entry is None:
         return None
-    trans_b = attribute(node, "transB", 0) if node.op_type != "MatMul" else 0
+    transposed = MATMULS[node.op_type].transposed
+    trans_b = attribute(node, transposed, 0) if transposed else 0
     entry["as_table"] = (weight[1] + trans_b) % 2 == 1
     if trans_b:
         entry["vocab"], entry["width"] = entry["width"], entry["vocab"]
@@ -260,7 +259,7 @@ def _matmul_nbits_head(model, node, producer, consumers, resolve):
 
 def _integer_head(model, node, producer, consumers, resolve):
     """A head entry for an integer matmul's weight [width, vocab] (codes, decoded by its scale and zero point)."""
-    index = INTEGER_MATMULS[node.op_type][0]
+    index = MATMULS[node.op_type].weight
     weight = resolve(node.input[index]) if len(node.input) > index and node.input[index] else None
     entry = _entry(model, weight, node, "head") if weight else None
     if entry is None:
@@ -307,5 +306,5 @@ def _sliced_width(node, width, producer, consumers, model):
 
 _LOOKUPS = {"Gather": _gather, "GatherBlockQuantized": _gather_block_quantized, "MatMul": _one_hot_product}
 
-_HEADS = {"MatMul": _matmul_head, "Gemm": _matmul_head, "FusedMatMul": _matmul_head,
-          "MatMulNBits": _matmul_nbits_head, **{op: _integer_head for op in INTEGER_MATMULS}}
+_HEADS = {op: _integer_head if op in INTEGER_MATMULS else _matmul_nbits_head if facts.bits else _matmul_head
+          for op, facts in MATMULS.items()}  # each op that multiplies by a weight (graph.ops)
