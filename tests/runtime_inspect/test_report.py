@@ -93,3 +93,23 @@ def test_inspect_module_api_matches_cli(exported, tmp_path, name):
     assert unmeasured(cli["vocabulary"]) == unmeasured(api["vocabulary"])
     assert [(p["table"], p["head"]) for p in cli["pairs"]] == [(t["initializer"], h["initializer"])
                                                                for t in info["tables"] for h in info["heads"]]
+
+
+def test_the_default_report_says_each_pair_once():
+    # Optimum's GPT-2: the table transformer.wte.weight and the head onnx::MatMul_407 its transposed copy (the
+    # graph says so: a Gather reads one, lm_head's MatMul the other, and their values are each other's transpose)
+    model = onnx.load(os.path.join(FIXTURES, "optimum_gpt2", "model.onnx"))
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    table, head = "transformer.wte.weight", "onnx::MatMul_407"
+    assert (weights[table].T == weights[head]).all()
+    code, out, err = inspect_cli(os.path.join(FIXTURES, "optimum_gpt2", "model.onnx"))
+    assert code == 0, err
+    body = unwrapped(out.split("\n\n", 1)[1])  # past the verdict, which names the fix
+    both = [line for line in body if table in line and head in line]
+    assert len(both) == 1 and both[0].startswith("vocabulary: table "), both
+    assert not [line for line in body if line.startswith(("pair ", "tables (", "logits heads ("))]
+    code, out, err = inspect_cli(os.path.join(FIXTURES, "optimum_gpt2", "model.onnx"), "--verbose")
+    assert code == 0, err
+    verbose = unwrapped(out)  # the inventory, every pair and reader, is --verbose's
+    assert f"pair {table} / {head}: transposed_duplicate, 128.0 KiB wasted in the file" in verbose
+    assert any(line.startswith("logits heads (") and head in line for line in verbose)

@@ -41,13 +41,7 @@ def report(info, path, out, verbose=False, in_folder=False):
         w("vocabulary: no table (no Gather, GatherBlockQuantized or OneHot + MatMul reads rows from an initializer)")
     if verbose:
         _initializers(info, w)
-    tables = [f"{t['initializer']} ({t['node'].op_type}{_views(t)})" for t in info["tables"]]
-    w("tables (read by Gather/GatherBlockQuantized/OneHot+MatMul): " + (", ".join(tables) or "none"))
-    logits = [f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in info["heads"] if h.get("scores")]
-    others = [h for h in info["heads"] if not h.get("scores")]
-    ops = sorted({h["node"].op_type for h in others})
-    w("logits heads (matmul weights whose products are graph outputs): " + (", ".join(logits) or "none") +
-      (f"; {len(others)} other matmul weight{'s' if len(others) != 1 else ''} ({', '.join(ops)})" if others else ""))
+    _readers(info, w, verbose)
     _pairs(info, w, verbose)
     _runtime_copies(info, w, verbose)
     shared = info["branch_weights"]
@@ -69,12 +63,35 @@ def _initializers(info, w):
         w(f"  {i['name']:<{names}} {i['dtype']:<8} {str(i['shape']):<{shapes}} {i['elements']:>12} {i['bytes']:>12}")
 
 
+def _readers(info, w, verbose):
+    """What reads each table and each logits head, and how many other matmul weights there are: under --verbose,
+    or where a logits head is not the head a vocabulary line names (by default each is said once, there)."""
+    logits = [h for h in info["heads"] if h.get("scores")]
+    named = {v["head"] for v in info["vocabulary"]}
+    if not verbose and all(h["initializer"] in named for h in logits):
+        return
+    tables = [f"{t['initializer']} ({t['node'].op_type}{_views(t)})" for t in info["tables"]]
+    w("tables (read by Gather/GatherBlockQuantized/OneHot+MatMul): " + (", ".join(tables) or "none"))
+    others = [h for h in info["heads"] if not h.get("scores")]
+    ops = sorted({h["node"].op_type for h in others})
+    w("logits heads (matmul weights whose products are graph outputs): "
+      + (", ".join(f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in logits) or "none")
+      + (f"; {len(others)} other matmul weight{'s' if len(others) != 1 else ''} ({', '.join(ops)})" if others else ""))
+
+
+def _said(info):
+    """The (table, head, relation) a vocabulary line already says: its table and the head that holds its values."""
+    return {(v["table"], v["head"], v["tie_relation"]) for v in info["vocabulary"] if v["tied"]}
+
+
 def _pairs(info, w, verbose):
-    """One line per table/head pair that holds one table's values twice, a stored head read by several branches
-    once; the distinct pairs counted (listed under --verbose)."""
+    """One line per table/head pair that holds one table's values twice and that no vocabulary line has said, a
+    stored head read by several branches once; the distinct pairs counted (listed under --verbose)."""
     distinct = [p for p in info["pairs"] if p["relation"] == "distinct"]
     related = [p for p in info["pairs"] if p["relation"] != "distinct"]
-    listed = [p for p in related if verbose or p["table"] != p["head"]]  # one tensor: the vocabulary line says so
+    said = set() if verbose else _said(info)
+    listed = [p for p in related if verbose or (p["table"] != p["head"]  # one tensor: the vocabulary line says so
+                                                 and (p["table"], p["head"], p["relation"]) not in said)]
     listed += distinct if verbose and len(distinct) <= _DISTINCT_LISTED else []
     if len(related) > _DISTINCT_LISTED:  # many equal tables: a line per set of them, not one per pair
         listed = [p for p in listed if p["relation"] == "distinct"]
