@@ -35,7 +35,7 @@ PROFILED_MATMULS = tuple(MATMULS) + FUSED_MATMULS  # the kernels a profile's hea
 VIEWS = ("Identity", "Reshape", "Cast", "Squeeze", "Unsqueeze")  # the values on, in another shape or type
 SQUASHES = ("Tanh", "Softcap")  # soft-capped logits (Gemma2: 30 tanh(x / 30)): a change of at most the input's
 SCALES = ("Add", "Sub", "Mul", "Div")  # a bias or a scale, when the other operand is a constant
-CARRIES = VIEWS + SQUASHES  # what a logits product passes through to an output (with SCALES: walk.ScoredOutputs)
+CARRIES = VIEWS + SQUASHES  # what a logits product passes through to an output (with SCALES: reach.ScoredOutputs)
 KEEPS_RANK = ("Identity", "Cast") + SQUASHES + SCALES  # elementwise: the sequence axis stays where it was
 WITHIN_ITS_INPUT = ("Identity", "Tanh")  # a difference of inputs passes on at most as large (the proof's chains)
 

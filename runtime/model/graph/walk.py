@@ -1,13 +1,15 @@
 """Walking the graph: one topological order (a cycle is a finding), then tables and heads found through it."""
 import math
+from typing import NamedTuple
 
 from onnx import TensorProto
 
 from graphs.precision import format_name
 from graphs.tie import viewed_dims
 from runtime.model.graph.constants import small_ints
-from runtime.model.graph.ops import CARRIES, INTEGER_MATMULS, MATMULS, SCALES
+from runtime.model.graph.ops import INTEGER_MATMULS, MATMULS
 from runtime.model.graph.quantized import Quant, attribute, dq_quant, gathered_quant, gbq_quant, integer_quant
+from runtime.model.graph.reach import ScoredOutputs
 from runtime.model.graph.scopes import scopes
 from runtime.model.read.model import label
 from runtime.model.read.text import InspectError
@@ -68,9 +70,19 @@ def _format(tensor, bits=None):
     return format_name(tensor.data_type)
 
 
-def _entry(model, found, node, role, scales=None, bits=None, vocab=None, width=None):
-    """A table or head as found: its initializer, the op, the view taken, logical [vocab, width] and its bytes."""
+class Blocks(NamedTuple):
+    """What a block-quantized table or head's op says of it: its scales' initializer, bits a code, [vocab, width]."""
+    scales: str | None
+    bits: int
+    vocab: int
+    width: int
+
+
+def _entry(model, found, node, role, blocks=None):
+    """A table or head as found: its initializer, the op, the view taken, logical [vocab, width] and its bytes;
+    `blocks` where the op gives them (a plain float table's are its 2-D dims, as read)."""
     tensor = model.tensors[found[0]]
+    scales, bits, vocab, width = blocks or (None, None, None, None)
     if vocab is None:  # a plain 2-D float table: [vocab, width] as stored, or [width, vocab] read transposed
         dims = tensor.dims if len(tensor.dims) == 2 else None
         if dims is None or "Reshape" in found[2]:
@@ -107,59 +119,6 @@ def find_tables_and_heads(model):
     return tables, heads
 
 
-
-
-def _a_scale(name, producer, depth=8):
-    """Whether `name` is a constant, or a product of constants and a DynamicQuantizeLinear's scale (an integer
-    matmul's output is multiplied by its input's scale): not the hidden state a layer adds to its product."""
-    node = producer.get(name)
-    if node is None or node.op_type == "Constant":
-        return True
-    if node.op_type == "DynamicQuantizeLinear":
-        return len(node.output) > 1 and name == node.output[1]
-    return depth > 0 and node.op_type in SCALES + ("Cast", "Reshape", "Identity") and all(
-        _a_scale(i, producer, depth - 1) for i in node.input if i)
-
-
-class ScoredOutputs:
-    """ScoredOutputs(producer, consumers, body)(node): the output of its graph `body` that the product of head `node`
-    reaches (a branch's output is the If's) through views, Tanh / Softcap and a bias or scale only, or None: a logits
-    head, not a weight of a table's shape inside a layer (whose product meets the hidden state on its way out, a
-    residual Add or a norm, or is transposed into attention heads: a key or value projection to a present output).
-    One walk of the scope for every head: what each tensor reaches is found once and remembered, so n heads whose
-    products are n outputs cost n steps, not n walks (a depth-first search, the last reader first)."""
-
-    def __init__(self, producer, consumers, body):
-        self.producer, self.consumers = producer, consumers
-        self.outputs, self.known = {o.name for o in body.output}, {}
-
-    def _onward(self, step, name):
-        if step.op_type in SCALES:
-            return all(_a_scale(other, self.producer) for other in step.input if other != name)
-        return step.op_type in CARRIES  # not Transpose: a key or value projection's way to attention
-
-    def _next(self, name):
-        return [n.output[0] for n in self.consumers.get(name, []) if n.output and self._onward(n, name)]
-
-    def __call__(self, node):
-        if not node.output:
-            return None
-        todo, known = [(node.output[0], None)], self.known  # (tensor, its onward tensors once expanded)
-        while todo:
-            name, onward = todo[-1]
-            if name in known:
-                todo.pop()
-            elif name in self.outputs:
-                known[name] = name
-                todo.pop()
-            elif onward is None:  # first visit: its onward tensors are walked before it is settled
-                onward = self._next(name)
-                todo[-1] = (name, onward)
-                todo += [(n, None) for n in onward if n not in known]
-            else:  # the first output the last reader reaches, as a depth-first walk meets it
-                known[name] = next((known[n] for n in reversed(onward) if known.get(n)), None)
-                todo.pop()
-        return known[node.output[0]]
 
 
 def _find(model, order, producer, consumers, resolve, seen):
@@ -204,8 +163,8 @@ def _gather_block_quantized(model, node, producer, consumers, resolve, seen):
     codes = model.tensors[found[0]]
     if len(rows) == 2 and codes.data_type in (TensorProto.INT4, TensorProto.UINT4):
         width = min(width, rows[1])  # one block wider than the row: the codes' own columns are the width
-    entry = _entry(model, found, node, "table", scales[0], attribute(node, "bits", 4), rows[0],
-                   width) if width > 0 and rows and rows[0] > 0 else None
+    entry = _entry(model, found, node, "table", Blocks(scales[0], attribute(node, "bits", 4), rows[0], width)
+                   ) if width > 0 and rows and rows[0] > 0 else None
     if entry:
         kept = _sliced_width(node, width, producer, consumers, model)
         if kept < width:  # codes padded to whole blocks, the rows cut back to the true width
@@ -249,8 +208,8 @@ def _matmul_nbits_head(model, node, producer, consumers, resolve):
     if not all(isinstance(attribute(node, k), int) and attribute(node, k) > 0 for k in ("N", "K")):
         raise InspectError(f"MatMulNBits node {label(node)!r} has no positive N and K: not a valid model")
     scales = resolve(node.input[2])
-    entry = _entry(model, weight, node, "head", scales and scales[0], attribute(node, "bits", 4),
-                   attribute(node, "N"), attribute(node, "K"))
+    entry = _entry(model, weight, node, "head", Blocks(scales and scales[0], attribute(node, "bits", 4),
+                                                       attribute(node, "N"), attribute(node, "K")))
     entry["as_table"] = True  # MatMulNBits keeps [N, K] blocks: rows are tokens
     entry["quant"] = Quant(weight[0], scales and scales[0], node.input[3] if len(node.input) > 3 else None,
                            attribute(node, "bits", 4), True, width=attribute(node, "K") or 0)
