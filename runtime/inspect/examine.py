@@ -5,7 +5,8 @@ import os
 from runtime.model.findings import counting
 from runtime.model.findings.counting import DEFAULTS
 from runtime.model.findings.copies import copy_sizes, runtime_copies
-from runtime.model.findings.relations import copy_key, relate, table_shaped, vocabulary
+from runtime.model.findings.relations import relate, table_shaped
+from runtime.model.findings.vocabulary import copy_key, vocabulary
 from runtime.model.found import static_findings
 from runtime.model.graph.walk import find_tables_and_heads, lookup_ids
 from runtime.model.graph.weights import shared_weights

@@ -1,7 +1,8 @@
 """What the files alone show of one checked model: its tables and heads, how they relate, and one vocabulary entry
 per table, nothing counted in memory. inspect --static reports it; compare --model reads its token table from it."""
 from runtime.model.findings import counting
-from runtime.model.findings.relations import relate, vocabulary
+from runtime.model.findings.relations import relate
+from runtime.model.findings.vocabulary import vocabulary
 from runtime.model.graph.walk import find_tables_and_heads
 
 

@@ -4,7 +4,7 @@ then a short body; the detail under --verbose."""
 from runtime.inspect import answer
 from runtime.model.findings import counting
 from runtime.model.findings.counting import human, times
-from runtime.model.findings.relations import SMALL_COPY
+from runtime.model.findings.vocabulary import SMALL_COPY
 from runtime.inspect.verdict import file_verdict
 
 _DISTINCT_LISTED = 16  # more distinct pairs than this are counted in the text report, not listed

@@ -7,7 +7,7 @@ from graphs.storage import stage
 from runtime.model.findings import counting
 from runtime.model.findings.copies import copy_sizes, runtime_copies
 from runtime.model.findings.counting import human, stored_copies, times
-from runtime.model.findings.relations import copy_key
+from runtime.model.findings.vocabulary import copy_key
 from runtime.model.read import sidecars
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError

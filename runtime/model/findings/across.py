@@ -6,8 +6,8 @@ import json
 import os
 
 from runtime.model.findings import counting
-from runtime.model.findings.relations import (Digests, Values, copy_key, quantized_relation, stored_as_table,
-                                              table_shaped)
+from runtime.model.findings.relations import Digests, Values, quantized_relation, stored_as_table, table_shaped
+from runtime.model.findings.vocabulary import copy_key
 from runtime.model.read import sidecars
 from runtime.model.read.model import label
 from runtime.resident import copies_held, originals_held
