@@ -244,6 +244,8 @@ def _folder(args, scratch, limits, said, progress):
         folder_report(results[0], sys.stdout, args.verbose)
     if args.retie is not None:
         say = _writer(said, progress)
+        for f in found if whole else ():  # what the report said of each variant: why one is left as it is
+            f["verdict"] = folder_verdict(f["result"])
         status = (retie_variants(found, args.retie, scratch, limits, say, args.logits_to_keep) if whole else
                   retie_folder(results[0], args.retie, scratch, limits, say, args.logits_to_keep))
         return _released(said, status)

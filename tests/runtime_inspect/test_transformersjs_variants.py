@@ -108,9 +108,10 @@ def test_each_variant_is_reported_as_its_own_client_load(folder, read_from):
 
 
 def test_the_text_report_names_each_variant_and_lists_them(folder):
-    done = run_inspect(folder, "--static")
-    assert done.returncode == 0, done.stderr
+    done = run_inspect(folder, "--static", "--check")
+    assert done.returncode == 1, done.stderr  # fp32, fp16 and q8 each store the table twice
     lines = done.stdout.splitlines()
+    assert [line.split()[2] for line in lines if line.startswith("--check: FAIL")] == ["fp32:", "fp16:", "q8:"]
     assert all(len(line) <= 100 for line in lines)
     opening = [line for line in lines[:lines.index("")] if not line.startswith(" ")]
     assert opening and all(line.split(":")[0] in DTYPES for line in opening)

@@ -5,7 +5,7 @@ from runtime.inspect import answer
 from runtime.model.findings.across import disk_bytes
 from runtime.model.findings.counting import human, times
 from runtime.inspect.report.folder import folder_body, folder_json, verdict_lines
-from runtime.inspect.verdict import folder_verdict
+from runtime.inspect.verdict import FAILING, folder_verdict
 
 
 def token_table(result):
@@ -60,9 +60,14 @@ def variants_report(folder, found, out, verbose=False):
     session under onnxruntime's defaults); each variant's folder report under `verbose`."""
     w = lambda text: out.write(answer.line(text) + "\n")
     entries = [summary(f) for f in found]
+    named = lambda dtype, line: line if line.startswith(" ") else f"{dtype}: {line}"
+    for f, entry in zip(found, entries):  # each variant's answer (or all well), then the informational lines
+        failing = [e for e in entry["verdict"] if e["kind"] in FAILING]
+        for line in verdict_lines(f["result"], failing):
+            w(named(f["dtype"], line))
     for f, entry in zip(found, entries):
-        for line in verdict_lines(f["result"], entry["verdict"]):
-            w(line if line.startswith(" ") else f"{f['dtype']}: {line}")
+        for line in answer.scored(entry["verdict"], folder=True):
+            w(named(f["dtype"], line))
     w("")
     w(f"{folder}: {len(found)} dtype variant(s), each a client load of its own; nothing counted across them")
     rows = [_COLUMNS] + [_row(entry) for entry in entries]

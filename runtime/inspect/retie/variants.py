@@ -14,13 +14,13 @@ from runtime.model.read.text import InspectError
 from runtime.inspect.retie import keep as keeps
 from runtime.inspect.retie import transformersjs
 from runtime.inspect.retie.folder import data_name, disk_change, measured_again, placed, proven_files
-from runtime.inspect.verdict import FAILING, folder_verdict
 
 
 def retie_variants(found, out, scratch, limits, say, logits_to_keep=None):
-    """Retie every variant of `found` (examine_folder.inspect_variants') into the new folder `out`; the exit status:
-    0 written (or nothing to do), 1 a variant's proof failed (nothing written). `logits_to_keep`: --logits-to-keep's
-    K, for each variant with a file whose head scores every prompt position; InspectError where none has."""
+    """Retie every variant of `found` (examine_folder.inspect_variants', each with its report's `verdict` beside)
+    into the new folder `out`; the exit status: 0 written (or nothing to do), 1 a variant's proof failed (nothing
+    written). `logits_to_keep`: --logits-to-keep's K, for each variant with a file whose head scores every prompt
+    position; InspectError where none has."""
     keeping = _keeping(found, logits_to_keep, say)
     proven = []
     for i, f in enumerate(found):
@@ -37,7 +37,7 @@ def retie_variants(found, out, scratch, limits, say, logits_to_keep=None):
         return 0
     for p in proven:
         if not p["changed"]:
-            say(f"retie: {p['found']['dtype']}: written as it is: {_why_left(p['found']['result'])}\n")
+            say(f"retie: {p['found']['dtype']}: written as it is: {_why_left(p['found']['verdict'])}\n")
     root = transformersjs_root(found[0]["result"]["folder"])[0]
     written, config = _write(proven, out, root, limits, say)
     for p in proven:
@@ -67,10 +67,10 @@ def _keeping(found, logits_to_keep, say):
     return keeping
 
 
-def _why_left(result):
-    """Why a variant is written as it is, in a few words: the reason its verdict gives for its first failing entry
-    with none (remedy()'s, or why no head can read the table), else that every table is held once."""
-    failing = [e for e in folder_verdict(result) if e["kind"] in FAILING]
+def _why_left(verdict):
+    """Why a variant is written as it is, in a few words: the reason its `verdict` gives for its first failing entry
+    with one (remedy()'s, or why no head can read the table), else that every table is held once."""
+    failing = [e for e in verdict if e["kind"] != "all_positions_scored"]  # informational: not why
     why = next((e["why_not"] for e in failing if e["why_not"]), None)
     if why:
         return f"{failing[0]['table']}: {why}"
