@@ -195,3 +195,25 @@ def test_transformersjs_browser_loads_the_fp16_variant_of_retie_out(folder, reti
     # the browser build fetches onnx/model_fp16.onnx_data only because config.json names that file
     expected = [ort_greedy(os.path.join(folder, "onnx", "model_fp16.onnx"), p, NEW) for p in PROMPTS]
     assert client.browser_greedy(retied[0], PROMPTS, NEW, dtype="fp16")["tokens"] == expected
+
+
+@pytest.mark.slow
+def test_logits_to_keep_rewrites_the_variants_it_can(tmp_path):
+    source = transformersjs_gpt2.make(str(tmp_path / "gpt2"), dtypes=["q8", "bnb4"])
+    done = run_inspect(source, "--retie", tmp_path / "out", "--logits-to-keep", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "retie: q8: --logits-to-keep left out: the head onnx::MatMul_407_quantized is read by MatMulInteger" in said
+    assert "retie: bnb4: --logits-to-keep left out: no logits head" in said
+    kept = {name: "num_logits_to_keep" in {t.name for t in onnx.load(
+        str(tmp_path / "out" / "onnx" / name), load_external_data=False).graph.initializer} for name in FILES.values()
+        if name != "model_fp16.onnx"}
+    assert kept == {"model.onnx": True, "model_quantized.onnx": False, "model_bnb4.onnx": False}
+
+
+def test_retie_writes_nothing_where_no_variant_has_anything_to_rewrite(tmp_path):
+    source = transformersjs_gpt2.make(str(tmp_path / "gpt2"), dtypes=["q8", "bnb4"])
+    os.remove(os.path.join(source, "onnx", "model.onnx"))  # q8 holds its table twice in a form --retie leaves
+    done = run_inspect(source, "--retie", tmp_path / "out")
+    assert done.returncode == 0 and "retie: nothing to do" in done.stdout, done.stdout + done.stderr
+    assert not os.path.exists(tmp_path / "out")
