@@ -63,8 +63,13 @@ def lines(verdict, vocabulary, where, process, static):
                          f"{held}; wasted: {', '.join(wasted)}")
         found.append(f"  fix: {e['fix']} (writes a copy that holds it once)" if e["fix"] else
                      f"  no --retie fix: {e['why_not']}")
-    return (found or _all_well(vocabulary, process, static)) + [
-        line for e in verdict if e["kind"] == "all_positions_scored" for line in _scored(e, bool(where))]
+    return (found or _all_well(vocabulary, process, static)) + scored(verdict, bool(where))
+
+
+def scored(verdict, folder):
+    """The lines of the verdict's informational entries, each head that scores every prompt position (its file
+    named in a `folder`'s report), as lines() ends with them."""
+    return [line for e in verdict if e["kind"] == "all_positions_scored" for line in _scored(e, folder)]
 
 
 def _scored(e, folder):
@@ -120,13 +125,14 @@ def _all_well(vocabulary, process, static):
 
 
 def _reason(e, wasted=True):
-    """Why entry `e` fails --check, in a few words (and the bytes it wastes)."""
+    """Why entry `e` fails --check, in a few words (and the bytes it wastes); a variant's named by its dtype."""
+    table = f"{e['dtype']}: {e['table']}" if e.get("dtype") else e["table"]
     if e["kind"] in _TIES:
-        return f"{e['table']} {e['kind'].replace('_', ' ')}"
+        return f"{table} {e['kind'].replace('_', ' ')}"
     if e["kind"] == "stored_more_than_once":
-        return (f"{e['table']} stored {times(e['copies_on_disk'])}" +
+        return (f"{table} stored {times(e['copies_on_disk'])}" +
                 (f" ({human(e['wasted_bytes_on_disk'])} wasted on disk)" if wasted else ""))
-    return (f"{e['table']} held {times(e['copies_in_memory'])}" +
+    return (f"{table} held {times(e['copies_in_memory'])}" +
             (f" ({human(e['wasted_bytes_in_memory'])} wasted in memory)" if wasted else ""))
 
 

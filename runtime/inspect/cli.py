@@ -1,5 +1,5 @@
 """The command: python -m runtime.inspect MODEL.onnx|FOLDER [--json] [--retie OUT.onnx] [--check] [--files A,B]
-[--timeout S] [--memory-limit GiB]."""
+[--dtype NAME] [--timeout S] [--memory-limit GiB]."""
 import errno
 import json
 import os
@@ -10,12 +10,15 @@ import graphs
 from embed import Terminated, UsageError, raise_on_sigterm, run_cli
 from runtime.inspect import answer, usage
 from runtime.inspect.examine import inspect_model
-from runtime.inspect.examine_folder import inspect_folder
+from runtime.inspect.examine_folder import inspect_folder, inspect_variants
 from runtime.model.findings.counting import measured_settings
 from runtime.model.findings.prefill import all_positions
+from runtime.model.read.layout import client_files, variants
 from runtime.model.read.text import InspectError, printable
-from runtime.inspect.report import as_json, folder_json, folder_report, report
+from runtime.inspect.report import (as_json, folder_json, folder_report, report, variants_json, variants_report,
+                                    variants_verdict)
 from runtime.inspect.retie.folder import retie_folder
+from runtime.inspect.retie.variants import retie_variants
 from runtime.inspect.sandbox.timing import time_prefill
 from runtime.inspect.retie.write import retie
 from runtime.inspect.sandbox import guard, isolated
@@ -109,6 +112,16 @@ def _check_args(args, prog):
     graphs.storage.check_utf8(args.model, "MODEL's path")
     if args.files and not os.path.isdir(args.model):
         raise UsageError(f"{prog}: error: --files chooses files of a FOLDER; {args.model} is not one")
+    if args.dtype is not None and args.files:
+        raise UsageError(f"{prog}: error: --files and --dtype both choose the files to inspect; give one of them")
+    if args.dtype is not None and not os.path.isdir(args.model):
+        raise UsageError(f"{prog}: error: --dtype chooses a variant of a transformers.js FOLDER; {args.model} is "
+                         "not a folder")
+    if args.dtype is not None:
+        try:
+            client_files(args.model, dtype=args.dtype)  # InspectError naming the dtypes the folder has
+        except OSError as e:  # a folder that cannot be listed
+            raise InspectError(f"{e.filename or args.model}: {e.strerror or e}") from None
     if args.static and args.retie is not None:
         raise UsageError(f"{prog}: error: --retie proves its rewrite in onnxruntime; give it without --static")
     if args.static and args.time_prefill:
@@ -162,19 +175,7 @@ def _work(args, prog, folder):
     said = _Held(sys.stderr) if args.json else sys.stdout  # a retie's lines: stdout holds the report, or the JSON
     try:
         if os.path.isdir(args.model):
-            result = inspect_folder(args.model, folder, limits, args.proof_past, args.files, args.static,
-                                    measured_settings(args.verbose))
-            progress.done()
-            for it in result["items"]:
-                _prefill(it["info"], it["model"], args, folder, limits)
-            if args.json:
-                sys.stdout.write(json.dumps(folder_json(result), indent=2) + "\n")
-            else:
-                folder_report(result, sys.stdout, args.verbose)
-            if args.retie is not None:
-                status = retie_folder(result, args.retie, folder, limits, _writer(said, progress), args.logits_to_keep)
-                return _released(said, status)
-            return _checked(args, folder_verdict(result))
+            return _folder(args, folder, limits, said, progress)
         info = inspect_model(args.model, folder, limits, args.proof_past, args.static,
                              measured_settings(args.verbose))
         _prefill(info, info["model"], args, folder, limits)
@@ -218,6 +219,37 @@ def _work(args, prog, folder):
         return 128 + e.signum
     finally:
         progress.done()
+
+
+def _folder(args, scratch, limits, said, progress):
+    """A FOLDER's report, and OUT if --retie; the exit status. A transformers.js folder, unless --dtype or --files
+    chooses its files, is reported (and retied) variant by variant; any other, as the files a client loads."""
+    settings = measured_settings(args.verbose)
+    whole = args.dtype is None and not args.files and variants(args.model)
+    if whole:
+        found = inspect_variants(args.model, scratch, limits, args.proof_past, args.static, settings)
+        results = [f["result"] for f in found]
+    else:
+        results = [inspect_folder(args.model, scratch, limits, args.proof_past, args.dtype or args.files,
+                                  args.static, settings)]
+    progress.done()
+    for it in (it for result in results for it in result["items"]):
+        _prefill(it["info"], it["model"], args, scratch, limits)
+    if args.json:
+        document = variants_json(args.model, found) if whole else folder_json(results[0])
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    elif whole:
+        variants_report(args.model, found, sys.stdout, args.verbose)
+    else:
+        folder_report(results[0], sys.stdout, args.verbose)
+    if args.retie is not None:
+        say = _writer(said, progress)
+        for f in found if whole else ():  # what the report said of each variant: why one is left as it is
+            f["verdict"] = folder_verdict(f["result"])
+        status = (retie_variants(found, args.retie, scratch, limits, say, args.logits_to_keep) if whole else
+                  retie_folder(results[0], args.retie, scratch, limits, say, args.logits_to_keep))
+        return _released(said, status)
+    return _checked(args, variants_verdict(found) if whole else folder_verdict(results[0]))
 
 
 def _prefill(info, model, args, folder, limits):

@@ -1,4 +1,5 @@
-"""A model is a folder: each file the client loads examined, then the files related and measured together."""
+"""A model is a folder: each file the client loads examined, then the files related and measured together; a
+transformers.js folder is one such folder per dtype variant."""
 import os
 
 from runtime.inspect import examine
@@ -6,7 +7,7 @@ from runtime.model.findings import counting
 from runtime.model.findings.counting import DEFAULTS
 from runtime.model.findings.across import config_tie, held_together, relate_files, tie_finding
 from runtime.model.read import paths as read_paths
-from runtime.model.read.layout import client_files
+from runtime.model.read.layout import client_files, variants
 from runtime.inspect.sandbox import isolated, memory
 
 
@@ -44,10 +45,11 @@ def _items(files, infos):
 
 def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static=False, settings=DEFAULTS):
     """Everything a folder's report shows: {folder, rule, items: [{file, model, info}], across: relate_files' with
-    each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. Each file gets a folder of its own
-    in `scratch`; `static`: onnxruntime is never started (nothing counted in memory); `settings`: the
+    each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. `chosen`: the names --files gave,
+    or --dtype's name (a str: that variant of a transformers.js folder). Each file gets a folder of its own in
+    `scratch`; `static`: onnxruntime is never started (nothing counted in memory); `settings`: the
     counting.SETTINGS the files' sessions are measured under, together."""
-    files, rule = client_files(folder, chosen)
+    files, rule = client_files(folder, dtype=chosen) if isinstance(chosen, str) else client_files(folder, chosen)
     if static:  # from the files alone: nothing is written, so no scratch folder is made
         root = read_paths.root_of(folder)
         items, measured = _items(files, [examine.inspect_model(os.path.join(folder, name), None, limits, proof_past,
@@ -64,3 +66,18 @@ def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static
         group["tie_finding"] = tie_finding(group, config, items)
     return {"folder": folder, "rule": rule, "items": items, "across": across, "measure_error": measured.get("error"),
             "onnxruntime": items[0]["info"]["onnxruntime"] if items else None}
+
+
+def inspect_variants(folder, scratch, limits, proof_past=None, static=False, settings=DEFAULTS):
+    """[{"dtype", "result"}]: each dtype variant of the transformers.js folder `folder` (layout.variants) inspected
+    as the folder a client loads (inspect_folder), one after another, each in a scratch folder of its own: a
+    client opens one variant, so each variant's sessions are measured together and never with another's."""
+    found = []
+    for i, (dtype, _) in enumerate(variants(folder) or []):
+        where = os.path.join(scratch, f"variant{i}")
+        if not static:
+            os.mkdir(where)
+        limits.progress(f"{dtype}: inspecting its files")
+        found.append({"dtype": dtype, "result": inspect_folder(folder, where, limits, proof_past, dtype, static,
+                                                               settings)})
+    return found

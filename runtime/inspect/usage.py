@@ -5,6 +5,7 @@ from embed import OneLineParser
 from runtime.model.findings.prefill import PROMPT
 from runtime.model.graph import ops
 from runtime.model.read import sidecars
+from runtime.model.read.layout import DTYPES
 from runtime.inspect.sandbox import feeds, isolated
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
@@ -24,17 +25,24 @@ are the initializers onnxruntime's optimized model adds and the copies kernels p
 on decoder feeds derived from it (past length at least any sliding window it declares; --proof-past overrides).
 
 A FOLDER is the files a client loads together (genai_config.json's; Optimum's encoder + merged decoder, or the
-split decoders; transformers.js's onnx/ layout at one dtype suffix; --files chooses): each file's report, then each
-table across the files (where it is stored, who reads it, what one process holding every session keeps) and
-config.json's tie_word_embeddings against the graph. Tables and heads inside If / Loop / Scan bodies count too.
+split decoders; --files chooses): each file's report, then each table across the files (where it is stored, who
+reads it, what one process holding every session keeps) and config.json's tie_word_embeddings against the graph.
+Tables and heads inside If / Loop / Scan bodies count too. A transformers.js folder (its root, config.json beside
+onnx/, or onnx/ itself) is one such client load per dtype variant (model.onnx, model_fp16.onnx, model_q4.onnx,
+model_quantized.onnx, ... each with the files of its suffix): each variant's verdict, then a table of the variants
+(files, bytes on disk, copies of the token table on disk and in a session); nothing is counted across variants.
+--dtype NAME reports one variant as a folder.
 
 --retie writes OUT with each duplicated head, and each head read through a Transpose, a Gemm on its table through
 a run-time view nothing prepacks; an int4 lookup reading the head's packed codes in place; and copies
 genai_config.json (naming OUT), config and tokenizer files beside OUT. For a FOLDER, OUT is a new folder: every
-file retied, all of them naming one data file that holds each table once. It proves the change first (heads within
-float32's bound, everything else bit for bit) and never overwrites. The model is untrusted: every tensor is
-checked before it is read, external data must lie inside the model's folder, and onnxruntime runs in a child
-process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole command.""".replace("{floats}", ", ".join(ops.FLOAT_MATMULS)).replace(
+file retied, all of them naming one data file that holds each table once; for a transformers.js folder, every
+variant (or --dtype's alone), each file with its own onnx/<file>_data, config.json's use_external_data_format
+naming them; a variant --retie cannot rewrite is written as it is, and the reason said. It proves the change
+first (heads within float32's bound, everything else bit for bit) and never overwrites. The model is untrusted:
+every tensor is checked before it is read, external data must lie inside the model's folder, and onnxruntime runs
+in a child process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole
+command.""".replace("{floats}", ", ".join(ops.FLOAT_MATMULS)).replace(
     "{integers}", ", ".join(ops.INTEGER_MATMULS))  # graph.ops: the one list of matmuls
 
 EPILOG = """exit status:
@@ -99,10 +107,14 @@ def parser():
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     found.add_argument("model", metavar="MODEL.onnx|FOLDER",
                         help="a model file, or the folder a client loads (genai_config.json's files; Optimum's encoder "
-                             "and merged decoder; transformers.js's onnx/ layout)")
+                             "and merged decoder; transformers.js's root or onnx/, one load per dtype variant)")
     found.add_argument("--files", metavar="A,B", type=_names,
                         help="for a FOLDER: the files (relative to it) to inspect together, instead of the ones its "
                              "layout names")
+    found.add_argument("--dtype", metavar="NAME",
+                        help="for a transformers.js FOLDER: the one dtype variant to inspect (and --retie), by "
+                             f"transformers.js's name: {', '.join(DTYPES)} (q8 is model_quantized.onnx); "
+                             "without it every variant the folder has, each on its own")
     found.add_argument("--check", action="store_true",
                         help="exit 1 when a table is held more than once (on disk or in memory under onnxruntime's "
                              "defaults) or a tie contradicts config.json, after the report, whose last line "

@@ -13,16 +13,29 @@ def _stored_in(group):
     return list(dict.fromkeys(s["file"] for s in group["stored"]))
 
 
+def verdict_lines(result, verdict):
+    """The lines a folder's report opens with (answer.lines): `verdict` (folder_verdict's of `result`) in words,
+    each table with its size and the files that store it."""
+    groups = {v["table"]: v for v in result["across"]["vocabulary"]}
+    return answer.lines(verdict, groups, {t: _stored_in(v) for t, v in groups.items()}, "the client's process",
+                        result["onnxruntime"] is None)
+
+
 def folder_report(result, out, verbose=False):
     """The text report of a folder (folder.inspect_folder): its verdict, a line per file (each file's report under
     `verbose`), then each table across the files."""
+    for line in verdict_lines(result, folder_verdict(result)):
+        out.write(answer.line(line) + "\n")
+    out.write("\n")
+    folder_body(result, out, verbose)
+    out.write(answer.FOOTER + "\n")
+
+
+def folder_body(result, out, verbose=False):
+    """A folder's report after its verdict: a line per file (each file's report under `verbose`), then each table
+    across the files."""
     w = lambda text: out.write(answer.line(text) + "\n")
     across = result["across"]
-    groups = {v["table"]: v for v in across["vocabulary"]}
-    for line in answer.lines(folder_verdict(result), groups, {t: _stored_in(v) for t, v in groups.items()},
-                             "the client's process", result["onnxruntime"] is None):
-        w(line)
-    w("")
     files = [it["file"] for it in result["items"]]
     w(f"{result['folder']}: {len(files)} file(s) a client loads together ({result['rule']})")
     for it in result["items"]:
@@ -61,7 +74,6 @@ def folder_report(result, out, verbose=False):
             w(line)
     if not across["pairs"]:
         w("no table held in more than one file")
-    w(answer.FOOTER)
 
 
 _WIDTH = 99  # the most characters a line of the report's own grouping takes

@@ -31,14 +31,13 @@ def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
     written (or nothing to do), 1 a file's proof failed (nothing written). `logits_to_keep`: --logits-to-keep's K,
     for each file whose head scores every prompt position (retie.keep)."""
     held = {}
-    proven = _proven_files(result, scratch, limits, say, logits_to_keep, held)
+    proven = proven_files(result, scratch, limits, say, logits_to_keep, held)
     if proven is None:
         return 1
     models, changed = proven
     pairs = result["across"]["pairs"]
     tjs = transformersjs_root(result["folder"])  # (root, where its files lie) of a transformers.js folder, or None
-    # OUT's name of each file: a transformers.js folder read from onnx/ is written whole, its root's layout
-    place = {it["file"]: os.path.join(tjs[1], it["file"]) if tjs else it["file"] for it in result["items"]}
+    place = placed(result)
     merges = not tjs and any(p["relation"] == "duplicate" for p in pairs)  # what one shared data file would merge
     if not changed and not merges:
         say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
@@ -60,12 +59,7 @@ def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
               f" and one {data} they share")
     say(f"retie: wrote {out}: {len(models)} file(s){shared}: {human(before)} -> {human(after)} on "
         f"disk ({disk_change(before, after)})\n")
-    parts = [{"model": os.path.join(out, place[it["file"]]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
-             for it in result["items"] if it["info"]["rows"]]
-    measured = memory.measure_together(parts, scratch, limits, after) if parts else {}
-    _say_memory(result["across"]["vocabulary"], measured, say)
-    for line in _outcomes(result, out, held, place, per_file=bool(tjs)):
-        say(line)
+    measured_again(result, out, held, scratch, limits, say, after)
     # the sidecars at the folder's top (config.json beside transformers.js's onnx/ too, its root's when read from
     # onnx/) and beside the files; every file keeps its name, so genai_config.json is copied naming the files it
     # named, as they resolve
@@ -76,7 +70,27 @@ def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
     return 0
 
 
-def _proven_files(result, scratch, limits, say, logits_to_keep, held):
+def placed(result):
+    """{file: its name in OUT} of the folder `result` describes: its own name, but a transformers.js folder read
+    from onnx/ is written whole, in its root's layout (onnx/<file>)."""
+    tjs = transformersjs_root(result["folder"])
+    return {it["file"]: os.path.join(tjs[1], it["file"]) if tjs else it["file"] for it in result["items"]}
+
+
+def measured_again(result, out, held, scratch, limits, say, after):
+    """Once OUT is written (`after` bytes, of the files of `result` there): its files measured in one process holding
+    every session, said beside what the folder held (_say_memory), then a line per table the folder held more than
+    once (_outcomes; `held` what each rewritten file's proof counted)."""
+    place = placed(result)
+    parts = [{"model": os.path.join(out, place[it["file"]]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
+             for it in result["items"] if it["info"]["rows"]]
+    measured = memory.measure_together(parts, scratch, limits, after) if parts else {}
+    _say_memory(result["across"]["vocabulary"], measured, say)
+    for line in _outcomes(result, out, held, place, per_file=transformersjs_root(result["folder"]) is not None):
+        say(line)
+
+
+def proven_files(result, scratch, limits, say, logits_to_keep, held):
     """([(name, ModelProto, sources)] of every file, how many were rewritten), each rewritten file proven first
     (what its session holds put in `held`), or None when a proof failed (said; nothing is to be written)."""
     models, changed = [], 0
@@ -232,25 +246,25 @@ def _stored_after(out, names):
 
 def _outcomes(result, out, held, place, per_file=False):
     """One line per table the folder held more than once: stored and held before -> after, and the bytes saved.
-    After, on disk: the files written, read back; in memory: the copies one mapped range of the shared data file
-    counts once, plus each file's extra copies as its proof counted them (held: {file: {table: copies}}) or, for a
-    file left as it was, as its report did. `per_file`: each file has data of its own (transformers.js's layout),
-    so each place a table is stored is mapped by its own session."""
+    After, on disk: the files written, read back; in memory: each file's copies as its proof counted them (held:
+    {file: {table: copies}}) or, for a file left as it was, as its report did; the copies one mapped range of the
+    shared data file counts once, plus each file's beyond it, or, with `per_file` (each file has data of its own:
+    transformers.js's layout, each place a table is stored mapped by its own session), every file's added up."""
     for v in result["across"]["vocabulary"]:
         was = v["in_memory"]["defaults"]["copies"]
         if not (v["copies_on_disk"] > 1 or (was or 0) > 1):
             continue
         names = {(place[it["file"]], e["initializer"]) for it, e, _ in v["members"]}
         on_disk = _stored_after(out, names)
-        extra = 0
+        each = []  # the copies each file's session holds
         for it in result["items"]:
             mine = {e["initializer"] for i, e, _ in v["members"] if i is it}
             if not mine:
                 continue
             counted = [n for t, n in held.get(it["file"], {}).items() if t in mine]
-            per_file = [e["tables_in_memory"] or 1 for e in it["info"]["vocabulary"] if e["table"] in mine]
-            extra += max((counted or per_file or [1])[0] - 1, 0)
-        after = (on_disk if per_file else 1) + extra
+            reported = [e["tables_in_memory"] or 1 for e in it["info"]["vocabulary"] if e["table"] in mine]
+            each.append((counted or reported or [1])[0])
+        after = sum(each) if per_file else 1 + sum(max(n - 1, 0) for n in each)
         saved = [f"{human((v['copies_on_disk'] - on_disk) * v['bytes'])} on disk"] if v["copies_on_disk"] > on_disk else []
         saved += [f"{human((was - after) * v['bytes'])} in memory (counted)"] if was is not None and was > after else []
         stored = (f"stored {times(v['copies_on_disk'])} -> {times(on_disk)}" if v["copies_on_disk"] != on_disk else

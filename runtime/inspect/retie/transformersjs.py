@@ -9,12 +9,13 @@ import os
 
 from graphs.together import chunk_names
 from runtime.model.read import sidecars
+from runtime.model.read.layout import DTYPES
 
 CHUNK_BYTES = 2**31  # each chunk below 2 GiB: the browser fetches a chunk into one ArrayBuffer
 CONFIG = "config.json"
 KEY = "use_external_data_format"
-# transformers.js's dtype suffixes (DEFAULT_DTYPE_SUFFIX_MAPPING): `model_q4f16.onnx` is session `model` at q4f16
-_SUFFIXES = ("_q4f16", "_q2f16", "_q1f16", "_quantized", "_fp16", "_int8", "_uint8", "_bnb4", "_q4", "_q2", "_q1")
+# transformers.js's dtype suffixes (layout.DTYPES, fp32's '' aside): `model_q4f16.onnx` is session `model` at q4f16
+_SUFFIXES = tuple(s for s in DTYPES.values() if s)
 
 
 class Config:
