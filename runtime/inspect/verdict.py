@@ -50,18 +50,18 @@ def _kind(on_disk, held):
 
 
 def _remedies(pairs, kind, widened=None):
-    """(a fix, or None; why no retie can, or None) for a table's pairs that hold it twice: the fix where remedy()
-    rewrites any of them (but only for the files where an int4 head is what is held twice), else, for a table held
-    twice whose float32 widening (`widened`: its format) onnxruntime makes, that, else the first reason remedy()
-    gives."""
+    """(a fix, or None; why no retie can, or None) for a table's pairs that hold it twice: for a table stored once
+    but held twice, not where an int4 head is what is held twice, nor where it is onnxruntime's float32 widening
+    (`widened`: its format) of a half-precision head; else the fix where remedy() rewrites any of them, else the
+    first reason remedy() gives."""
     found = [remedy(p) for p in pairs]
     hows = [how for how, _ in found if how]
     if kind == "held_more_than_once" and hows and all(how in _PACKED for how in hows):
         return None, WHY_NOT_PACKED
+    if kind == "held_more_than_once" and widened:  # the second copy is the CPU provider's, not the file's: a retie
+        return None, why_not_widened(widened)  # (remedy()'s view) keeps it, only no longer prepacked
     if hows:
         return RETIE, None
-    if kind == "held_more_than_once" and widened:  # the second copy is the CPU provider's, not the file's
-        return None, why_not_widened(widened)
     why = next((why for _, why in found if why), None)
     return (None, why) if why else (RETIE, None)
 

@@ -24,7 +24,7 @@ def remedy(pair):
     if packed_duplicate(pair):
         return "packed_duplicate", None
     views = table["views"] + head["views"]
-    if table["format"] != "float32" or head["format"] != "float32":
+    if table["format"] not in ("float32", "float16", "bfloat16") or head["format"] != table["format"]:
         return None, (f"a {table['format']} table read through {', '.join(views) or 'no view'} by "
                       f"{table['node'].op_type}: left as it is (--retie rewrites float32 tables, and onnxruntime's "
                       "int4 block layouts)")
