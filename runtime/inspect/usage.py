@@ -31,7 +31,8 @@ config.json's tie_word_embeddings against the graph. Tables and heads inside If 
 a run-time view nothing prepacks; an int4 lookup reading the head's packed codes in place; and copies
 genai_config.json (naming OUT), config and tokenizer files beside OUT. For a FOLDER, OUT is a new folder: every
 file retied, all of them naming one data file that holds each table once. It proves the change first (heads within
-float32's bound, everything else bit for bit) and never overwrites. The model is untrusted: every tensor is
+float32's bound, a float16 / bfloat16 head's within its format's, everything else bit for bit) and never
+overwrites. The model is untrusted: every tensor is
 checked before it is read, external data must lie inside the model's folder, and onnxruntime runs in a child
 process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole command."""
 

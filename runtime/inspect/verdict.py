@@ -33,7 +33,8 @@ WHY_NOT_PACKED = ("MatMulNBits prepacks its own copy of the int4 codes at load, 
 def why_not_widened(fmt):
     """Why no retie removes a copy onnxruntime's CPU provider makes of a `fmt` (float16, bfloat16) head's weight."""
     return (f"onnxruntime's CPU provider multiplies in float32: it widens the {fmt} head's weight to a float32 copy "
-            "at load (its MatMul then prepacks that), whatever the file holds: no rewrite that keeps the table "
+            "at load (a MatMul prepacks that; a Gemm on the run-time view reads it in place), whatever the file "
+            "holds: no rewrite that keeps the table "
             f"{fmt} removes it")
 
 

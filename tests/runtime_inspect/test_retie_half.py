@@ -163,3 +163,34 @@ def test_a_half_precision_head_just_past_its_bound_fails_and_just_within_passes(
         last = float(moved[at])
     assert last is not None  # a value one step away is within: the bound is no stricter than the format
     assert f"differs beyond its {fmt} bound" in failures[0]
+
+
+# --- q4f16: transformers.js's recipe quantizes the head too -------------------------------------------------------
+
+def test_q4f16_holds_a_float16_table_and_4_bit_head_codes_a_quantized_copy_left_and_said(tmp_path):
+    """make_q4f16_fixture.py (MatMulNBits quantizer, then the float16 converter): the head is MatMulNBits on 4-bit
+    codes of the table with float16 scales, each value within a scale step of the float16 table's; neither
+    can read the other's without changing the logits, so --retie leaves them and says why in one line."""
+    path = os.path.join(FIXTURES, "ortquant_q4f16", "model.onnx")
+    model = onnx.load(path)
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    (head,) = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    table, codes, scales = weights["transformer.wte.weight"], weights[head.input[1]], weights[head.input[2]]
+    assert (table.dtype, codes.dtype, scales.dtype, codes.shape) == (np.float16, np.uint8, np.float16, (VOCAB, 2, 16))
+    q = np.stack([codes & 15, codes >> 4], axis=-1).reshape(VOCAB, 2, 32).astype(np.float64)  # low nibble first
+    decoded = ((q - 8) * scales.astype(np.float64)[..., None]).reshape(VOCAB, WIDTH)  # symmetric: zero point 8
+    step = np.abs(np.repeat(scales.astype(np.float64), 32, axis=1))
+    # quantized in float32 (half a step; a whole one where a code is clipped to 7), then table and scales rounded
+    # to float16 (u = 2^-11 of each; a code is at most 8)
+    apart = np.abs(decoded - table)
+    assert np.all(apart <= step * (1 + 8 * 2**-11) + 2**-11 * np.abs(table.astype(np.float64)))
+    assert np.any(apart > 2**-11 * np.abs(table.astype(np.float64)) + 2**-25)  # not the table's values: a copy
+    (pair,) = [p for p in findings(path)["pairs"] if p["relation"] != "distinct"]
+    assert (pair["table"], pair["head"], pair["relation"]) == ("transformer.wte.weight", head.input[1],
+                                                               "quantized_copy")
+    done = run_inspect(path, "--retie", tmp_path / "out.onnx")
+    lines = unwrapped(done.stdout)
+    assert done.returncode == 0 and not os.listdir(tmp_path)
+    assert f"retie: transformer.wte.weight / {head.input[1]} (quantized_copy): a quantized copy, not a tie: its " \
+           "values differ from the table's by rounding, so neither can read the other's without changing the " \
+           "outputs" in lines
