@@ -15,7 +15,7 @@ from onnxruntime.transformers.float16 import convert_float_to_float16
 import graphs
 from runtime.inspect.sandbox import agree
 from runtime.inspect.sandbox.feeds import feeds_for
-from tests.helpers import FIXTURES, VOCAB, WIDTH, U, findings, model_in, run_inspect, unwrapped
+from tests.helpers import FIXTURES, VOCAB, WIDTH, U, findings, model_in, one_line_error, run_inspect, unwrapped
 
 HALF = {"float16": (2.0**-11, 2.0**-24), "bfloat16": (2.0**-8, 2.0**-133)}  # unit roundoff, subnormal spacing
 
@@ -137,6 +137,24 @@ def test_retie_a_duplicate_read_through_a_cast_multiplies_the_one_tables_cast(fm
     bound = 2 * gamma(16) * (h @ t.T).reshape(before.shape)
     assert before.shape == after.shape == (2, 5, 300) and before.dtype == after.dtype == np.float32
     assert np.all(np.abs(before.astype(np.float64) - after) <= bound)
+
+
+def test_a_bfloat16_head_onnxruntimes_cpu_provider_cannot_run_is_refused_in_one_line(tmp_path):
+    """A bfloat16 table and its transposed copy as a bfloat16 MatMul head: onnxruntime's CPU provider has no
+    bfloat16 MatMul (nor Gemm), so nothing can be measured or proven here: exit 2, its reason in one line."""
+    import ml_dtypes  # onnx's own dependency: numpy's bfloat16
+    values = graphs.make_table(300, 16, seed=3).astype(ml_dtypes.bfloat16)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["x"]), helper.make_node("MatMul", ["x", "head"], ["logits"])],
+        "bfloat16_head", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("logits", TensorProto.BFLOAT16, None)],
+        [helper.make_tensor(name, TensorProto.BFLOAT16, v.shape, v.view(np.uint16).tobytes(), raw=True)
+         for name, v in (("table", values), ("head", np.ascontiguousarray(values.T)))])
+    source = tmp_path / "bfloat16.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), source)
+    done = run_inspect(source, "--retie", tmp_path / "out.onnx")
+    assert one_line_error(done.returncode, done.stderr, "NOT_IMPLEMENTED", "MatMul"), done.stderr
+    assert not os.path.exists(tmp_path / "out.onnx")
 
 
 # --- the bound itself -------------------------------------------------------------------------------------------------

@@ -81,10 +81,10 @@ def chains(model, head_of):
     """{output: [(head output, Lipschitz constant, ops)]}: each output (a graph output, or the head's own) that a
     rewritten head's output reaches through elementwise ops whose change of their input is bounded by a constant
     factor: Div / Mul by a scalar constant (1/|c|, |c|), Add / Sub of a constant of any shape (1), Tanh, Identity
-    and a Cast to a float type (1; one to float32 or float64 widens a head of at most float32's precision exactly,
-    so it is no op), as the soft-capped logits of Gemma2 (30 tanh(x / 30)) and the biased logits of BART and Marian are; from an
-    If branch's output on through its If node's (both branches' heads then reach the same output: the run says which
-    branch ran)."""
+    and a Cast to float32 or float64 (1, and no op: it widens a float32, float16 or bfloat16 head's values exactly;
+    a Cast to a narrower type ends the chain), as the soft-capped logits of Gemma2 (30 tanh(x / 30)) and the biased
+    logits of BART and Marian are; from an If branch's output on through its If node's (both branches' heads then
+    reach the same output: the run says which branch ran)."""
     maps, branch_of, starts = {}, {}, []
     for path, body, order, producer, consumers in scopes(model.proto.graph):
         maps[path] = (body, producer, consumers)
@@ -114,8 +114,8 @@ def chains(model, head_of):
             node = readers[0] if len(readers) == 1 and readers[0].output else None
             if node is None:
                 break
-            if node.op_type in ("Tanh", "Identity") or (node.op_type == "Cast" and _to(node) in _FLOATS):
-                factor = 1.0  # a Cast to a float type: exact when it widens, one rounding (an op) when it narrows
+            if node.op_type in ("Tanh", "Identity") or (node.op_type == "Cast" and _to(node) in _WIDE):
+                factor = 1.0
             elif node.op_type in ("Add", "Sub") and len(node.input) == 2 and name in node.input and \
                     _constant_tensor(node.input[1] if node.input[0] == name else node.input[0], producer, model):
                 factor = 1.0  # a constant added, of any shape (BART's and Marian's final_logits_bias): the same on
@@ -128,12 +128,11 @@ def chains(model, head_of):
                 factor = 1 / abs(c) if node.op_type == "Div" else abs(c) if node.op_type == "Mul" else 1.0
             else:
                 break
-            widens = node.op_type == "Cast" and _to(node) in (TensorProto.FLOAT, TensorProto.DOUBLE)
-            lipschitz, ops, name = lipschitz * factor, ops + (not widens), node.output[0]
+            lipschitz, ops, name = lipschitz * factor, ops + (node.op_type != "Cast"), node.output[0]
     return found
 
 
-_FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+_WIDE = (TensorProto.FLOAT, TensorProto.DOUBLE)  # a head's values (float32 at most) widened exactly
 
 
 def _to(node):
