@@ -106,6 +106,25 @@ def test_retie_genai_float16_folder_is_proven_and_says_the_widening_stays(tmp_pa
     assert holding(model, table) == ["lm_head.MatMul.weight_rows"] and table.shape == (WIDTH, VOCAB)
 
 
+def test_retie_a_transformersjs_float16_variant_writes_it_with_the_table_once(tmp_path):
+    """transformers.js's model_fp16.onnx (the converter with keep_io_types=True, as its quantize script runs it)
+    beside model.onnx: --files picks the variant; OUT is a transformers.js folder whose model_fp16.onnx, read with
+    its own data file, holds the float16 table once."""
+    from tests.fixtures.transformersjs_gpt2 import make
+    folder = make(str(tmp_path / "tjs"))
+    fp16 = convert_float_to_float16(onnx.load(os.path.join(folder, "onnx", "model.onnx")), keep_io_types=True)
+    onnx.save(fp16, os.path.join(folder, "onnx", "model_fp16.onnx"))
+    table = numpy_helper.to_array(next(t for t in fp16.graph.initializer if t.name == "transformer.wte.weight"))
+    done = run_inspect(folder, "--files", "onnx/model_fp16.onnx", "--retie", tmp_path / "out")
+    said = " ".join(unwrapped(done.stdout))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "onnx/model_fp16.onnx: transformer.wte.weight is now the one copy" in said
+    assert "the logits within its float16 bound" in said and "stored twice -> once, held twice -> twice" in said
+    assert sorted(os.listdir(tmp_path / "out" / "onnx")) == ["model_fp16.onnx", "model_fp16.onnx_data"]
+    retied = onnx.load(tmp_path / "out" / "onnx" / "model_fp16.onnx")  # its data read from model_fp16.onnx_data
+    assert holding(retied, table) == ["transformer.wte.weight"]
+
+
 # --- the lab's float16 and bfloat16 tables, decoded to float32 for the head (a Cast) --------------------------------
 
 @pytest.mark.parametrize("fmt", ["float16", "bfloat16"])
