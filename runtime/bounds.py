@@ -1,15 +1,49 @@
 """float32's error bounds, the numeric facts compare's checks and inspect's retie proof both stand on: the unit
-roundoff, Higham's gamma_n, gamma_w * sum|a_i b_i| for every row against every vector, and MatMulNBits' bound
-against the decoded table at its accuracy level, made upper bounds in float64."""
+roundoff, Higham's gamma_n, gamma_w * sum|a_i b_i| for every row against every vector, MatMulNBits' bound
+against the decoded table at its accuracy level, and what one more rounding to float16 / bfloat16 adds to two
+float32 results, made upper bounds in float64."""
 import numpy as np
 
 U = 2.0**-24  # float32 unit roundoff
 U64 = 2.0**-53  # float64's, for the reference's own arithmetic
+# a narrower float format's unit roundoff and its smallest subnormal spacing (round to nearest: below the normal
+# range a rounding moves a value by half that spacing at most, not by u of it)
+NARROW = {"float16": (2.0**-11, 2.0**-24), "bfloat16": (2.0**-8, 2.0**-133)}
 
 
 def gamma(n):
     """Higham's gamma_n: the relative bound on n float32 roundings in a row."""
     return n * U / (1 - n * U)
+
+
+def unit_roundoff(dtype):
+    """The unit roundoff of a float dtype's values (numpy's, or ml_dtypes' bfloat16): U for float32, U64 for
+    float64, NARROW's for float16 and bfloat16."""
+    name = np.dtype(dtype).name
+    return {"float64": U64, "float32": U}.get(name) or NARROW[name][0]
+
+
+def rounded_apart(apart, rounded, fmt):
+    """How far apart two float32 results x, y lie once each is rounded to `fmt` (float16, bfloat16), given `apart`
+    (an upper bound on |x - y|) and `rounded` (one of the two rounded values, fl(x)): per element.
+
+    Rounding to nearest moves x by at most u|fl(x)| in the normal range (Higham's fl(x) = x / (1 + d), |d| <= u)
+    and by half the subnormal spacing s below it, so |fl(x) - fl(y)| <= |x - y| + u|fl(x)| + u|fl(y)| + s, and
+    with |fl(y)| <= |fl(x)| + |fl(x) - fl(y)|: (|x - y| + 2u|fl(x)| + s) / (1 - u). Inflated by 4 u64 for float64's
+    own rounding of these few operations. Equal values (two infinities of one sign too) are the caller's to accept.
+    """
+    u, spacing = NARROW[fmt]
+    return (as64(apart) + 2 * u * np.abs(as64(rounded)) + spacing) / (1 - u) * (1 + 4 * U64)
+
+
+def bound_words(dtype):
+    """The bound a head's output of `dtype` is proven within (inspect's retie proof), in words."""
+    name = np.dtype(dtype).name
+    if name not in NARROW:
+        return "float32's rounding bound on its dot products"
+    u, spacing = NARROW[name]
+    return (f"its {name} bound (float32's on its dot products, then one rounding to {name}: "
+            f"u = 2^{int(np.log2(u))} of the result, 2^{int(np.log2(spacing))} below its normal range)")
 
 
 def as64(values):

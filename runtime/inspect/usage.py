@@ -39,10 +39,10 @@ genai_config.json (naming OUT), config and tokenizer files beside OUT. For a FOL
 file retied, all of them naming one data file that holds each table once; for a transformers.js folder, every
 variant (or --dtype's alone), each file with its own onnx/<file>_data, config.json's use_external_data_format
 naming them; a variant --retie cannot rewrite is written as it is, and the reason said. It proves the change
-first (heads within float32's bound, everything else bit for bit) and never overwrites. The model is untrusted:
-every tensor is checked before it is read, external data must lie inside the model's folder, and onnxruntime runs
-in a child process under --memory-limit, so a crash there is reported, not suffered; --timeout bounds the whole
-command.""".replace("{floats}", ", ".join(ops.FLOAT_MATMULS)).replace(
+first (heads within float32's bound, a float16 / bfloat16 head's within its format's, everything else bit for
+bit) and never overwrites. The model is untrusted: every tensor is checked before it is read, external data must
+lie inside the model's folder, and onnxruntime runs in a child process under --memory-limit, so a crash there is
+reported, not suffered; --timeout bounds the whole command.""".replace("{floats}", ", ".join(ops.FLOAT_MATMULS)).replace(
     "{integers}", ", ".join(ops.INTEGER_MATMULS))  # graph.ops: the one list of matmuls
 
 EPILOG = """exit status:

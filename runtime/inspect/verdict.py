@@ -33,7 +33,8 @@ WHY_NOT_PACKED = ("MatMulNBits prepacks its own copy of the int4 codes at load, 
 def why_not_widened(fmt):
     """Why no retie removes a copy onnxruntime's CPU provider makes of a `fmt` (float16, bfloat16) head's weight."""
     return (f"onnxruntime's CPU provider multiplies in float32: it widens the {fmt} head's weight to a float32 copy "
-            "at load (its MatMul then prepacks that), whatever the file holds: no rewrite that keeps the table "
+            "at load (a MatMul prepacks that; a Gemm on the run-time view reads it in place), whatever the file "
+            "holds: no rewrite that keeps the table "
             f"{fmt} removes it")
 
 
@@ -50,18 +51,18 @@ def _kind(on_disk, held):
 
 
 def _remedies(pairs, kind, widened=None):
-    """(a fix, or None; why no retie can, or None) for a table's pairs that hold it twice: the fix where remedy()
-    rewrites any of them (but only for the files where an int4 head is what is held twice), else, for a table held
-    twice whose float32 widening (`widened`: its format) onnxruntime makes, that, else the first reason remedy()
-    gives."""
+    """(a fix, or None; why no retie can, or None) for a table's pairs that hold it twice: for a table stored once
+    but held twice, not where an int4 head is what is held twice, nor where it is onnxruntime's float32 widening
+    (`widened`: its format) of a half-precision head; else the fix where remedy() rewrites any of them, else the
+    first reason remedy() gives."""
     found = [remedy(p) for p in pairs]
     hows = [how for how, _ in found if how]
     if kind == "held_more_than_once" and hows and all(how in _PACKED for how in hows):
         return None, WHY_NOT_PACKED
+    if kind == "held_more_than_once" and widened:  # the second copy is the CPU provider's, not the file's: a retie
+        return None, why_not_widened(widened)  # (remedy()'s view) keeps it, only no longer prepacked
     if hows:
         return RETIE, None
-    if kind == "held_more_than_once" and widened:  # the second copy is the CPU provider's, not the file's
-        return None, why_not_widened(widened)
     why = next((why for _, why in found if why), None)
     return (None, why) if why else (RETIE, None)
 

@@ -85,9 +85,11 @@ def read_in_place(model):
 class Shared:
     """The weights a merged decoder's branches share, now read in place ({initializer: bytes}; empty: none), and
     what the proof found of the file's other outputs against the export run under onnxruntime's defaults, whose
-    kernels still prepack them (proof._drift's; None until proven)."""
+    kernels still prepack them (proof._drift's; None until proven), and of its heads' outputs (agree.heads_found's;
+    None until proven)."""
     sizes: dict
     drift: dict | None = None
+    heads: dict | None = None
 
     def __bool__(self):
         return bool(self.sizes)

@@ -9,6 +9,7 @@ import onnx
 from onnx import TensorProto
 
 from graphs.together import save_together
+from runtime.bounds import NARROW
 from runtime.model.findings import counting
 from runtime.model.findings.across import disk_bytes
 from runtime.model.findings.counting import human, times
@@ -20,7 +21,7 @@ from runtime.inspect.retie.edits import external_sources
 from runtime.inspect.retie.rewrite import borrow
 from runtime.inspect.retie import transformersjs
 from runtime.inspect.retie import keep as keeps
-from runtime.inspect.retie.write import kept_line, planned_keeping, proven_in_place, rewritten_line
+from runtime.inspect.retie.write import kept_line, planned_keeping, proven_in_place, rewritten_line, widened_note
 from runtime.inspect.sandbox import memory
 
 DATA = "model.data"  # the one data file OUT's models share
@@ -107,6 +108,8 @@ def proven_files(result, scratch, limits, say, logits_to_keep, held):
             os.mkdir(where)
             _, held[name], failures, weights, _ = proven_in_place(model, info, rewritten, sources, where, limits,
                                                                   said, fed[name], keep=keep)
+            # a table stored anew (genai's [width, vocab] one, as "<name>_rows") counted under its old name too
+            held[name].update({old: held[name][new] for *_, old, _, new in rewritten if new in held[name]})
             if failures:
                 say(f"retie: {name}: " + (failures[0] if failures[0].startswith("failed") else
                                           f"not proven, nothing written: {failures[0]}") + "\n")
@@ -255,6 +258,8 @@ def _outcomes(result, out, held, place, per_file=False):
         if not (v["copies_on_disk"] > 1 or (was or 0) > 1):
             continue
         names = {(place[it["file"]], e["initializer"]) for it, e, _ in v["members"]}
+        names |= {(place[it["file"]], t) for it, e, _ in v["members"] for t in held.get(it["file"], {})
+                  if t.startswith(e["initializer"] + "_rows")}  # stored anew under retie.rewrite's name for it
         on_disk = _stored_after(out, names)
         each = []  # the copies each file's session holds
         for it in result["items"]:
@@ -269,5 +274,7 @@ def _outcomes(result, out, held, place, per_file=False):
         saved += [f"{human((was - after) * v['bytes'])} in memory (counted)"] if was is not None and was > after else []
         stored = (f"stored {times(v['copies_on_disk'])} -> {times(on_disk)}" if v["copies_on_disk"] != on_disk else
                   f"stored {times(on_disk)}")
+        widened = widened_note(v["format"]) if after > 1 and v.get("format") in NARROW else ""
         yield (f"retie: {v['table']}: {stored}, held {'?' if was is None else times(was)} -> {times(after)} by the "
-               f"client's process under onnxruntime's defaults{'; saved ' + ', '.join(saved) if saved else ''}\n")
+               f"client's process under onnxruntime's defaults{'; saved ' + ', '.join(saved) if saved else ''}"
+               f"{widened}\n")

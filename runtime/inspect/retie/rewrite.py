@@ -2,6 +2,7 @@
 from onnx import helper
 
 from runtime.model.findings.relations import stored_as_table
+from runtime.model.graph.quantized import attribute
 from runtime.model.graph.walk import lookup_ids
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import const, drop_dead, external_sources, shell, unique_name, view_of
@@ -46,21 +47,37 @@ def rewrite(model, pairs):
                 table["node"].input[1] = view_of(table["body"], model, table["node"], name, lookup_ids(table),
                                                [table["vocab"], table["width"]])
             # in the head's own graph (an If branch reads the table and the view's constants from outside)
-            rewritten.append(_gemm_head(head["body"], model, head["node"], name, table["vocab"], table["width"])
-                             + (table["initializer"], flipped, name))
+            rewritten.append(_gemm_head(head["body"], model, head["node"], name, (table["vocab"], table["width"]),
+                                        cast_to(head)) + (table["initializer"], flipped, name))
     drop_dead(graph)
     kept = {t.name for t in graph.initializer}
     return rewritten, {name: array for name, array in sources.items() if name in kept}
 
 
-def _gemm_head(graph, model, node, table, vocab, width):
-    """Make head `node` a Gemm(transB=1) on `table` (a FusedMatMul stays one, transB=1), read through
-    graphs.tie's run-time view so that onnxruntime's defaults do not prepack a second copy of it; (output,
-    hidden input)."""
-    hidden, output = node.input[0], node.output[0]
+def cast_to(head):
+    """The type a head's kernel reads its weight as where a Cast lies between the stored weight and the head (the
+    nearest one's `to`: the lab's float16 / bfloat16 tables decoded to float32 for a float32 head), else None."""
+    name, producer = head["node"].input[1], head["producer"]
+    node = producer.get(name)
+    while node is not None and node.op_type != "Cast" and node.input:  # views only, up to the initializer
+        node = producer.get(node.input[0])
+    return None if node is None or node.op_type != "Cast" else attribute(node, "to")
+
+
+def _gemm_head(graph, model, node, table, dims, cast=None):
+    """Make head `node` a Gemm(transB=1) on `table` ([vocab, width] `dims`; a FusedMatMul stays one, transB=1),
+    read through graphs.tie's run-time view so that onnxruntime's defaults do not prepack a second copy of it;
+    `cast`: the type the head read its weight as (cast_to), a Cast of the view then made at each run (not folded
+    at load into a second table, not prepacked); (output, hidden input)."""
+    (vocab, width), hidden, output = dims, node.input[0], node.output[0]
     prefix = unique_name(model, "retie_head") + "_"
     named = lambda k, of=table: f"{of}.{prefix}{k}"  # a constant, named after the table it serves
     table = view_of(graph, model, node, table, hidden, [vocab, width])
+    if cast is not None:  # the head multiplied a Cast of its weight: it still does, of the one table's view
+        graph.node.insert(list(graph.node).index(node), helper.make_node(
+            "Cast", [table], [prefix + "cast"], name=prefix + "cast", to=cast,
+            doc_string="the table as the head multiplies it, made at each run (retied by runtime.inspect)"))
+        table = prefix + "cast"
     if node.op_type in ("Gemm", "FusedMatMul"):
         kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
         del node.attribute[:]
@@ -99,7 +116,7 @@ def borrow(model, sources, head, owner, table):
     graph = model.proto.graph
     name = unique_name(model, table["initializer"])
     sources[name] = shell(graph, name, owner.tensors[table["initializer"]].values())
-    entry = _gemm_head(head["body"], model, head["node"], name, table["vocab"], table["width"])
+    entry = _gemm_head(head["body"], model, head["node"], name, (table["vocab"], table["width"]), cast_to(head))
     drop_dead(graph)
     sources.pop(head["initializer"], None)
     return entry + (head["initializer"], not stored_as_table(head), name)
@@ -110,9 +127,15 @@ def planned(model, found, say):
     InspectError for an opset the rewrite cannot use."""
     if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
         raise InspectError(f"{model.path}: opset below 13; --retie rewrites with opset-13 Slice and Reshape")
+    casts = {p["head"]: cast_to(p["head_entry"]) for p in found["pairs"] if remedy(p)[0] == "view"}
     rewritten, sources = rewrite(model, found["pairs"])
     for p in found["pairs"]:
         how, why = remedy(p)
         if how is None and why is not None:
             say(f"retie: {p['table']} / {p['head']} ({p['relation']}): {why}\n")
+    for head, cast in casts.items():
+        if cast is not None:  # the memory a run then takes is measured with the rest, not counted as a copy
+            say(f"retie: {head}: its head multiplied a Cast of it to {helper.tensor_dtype_to_np_dtype(cast)}, folded "
+                "into a second table at load; that Cast of the one table now runs at each call (a table of that "
+                "type for the call)\n")
     return rewritten, sources

@@ -1,11 +1,15 @@
 """What --retie does with each table/head pair, decided here and nowhere else."""
 from runtime.inspect.retie.packed import packed_duplicate, packed_shared
 
+FLOATS = ("float32", "float16", "bfloat16")  # the tables a head reads through the view (float16 / bfloat16: in
+# their own format, or through the Cast the head read them by, rewrite.cast_to)
+
 
 def remedy(pair):
     """What --retie does with a table/head pair, decided here and nowhere else: (how, why). `how` is "packed_shared",
     "packed_duplicate" or "view" (the head, and a OneHot product's lookup, read the one table through graphs.tie's
-    run-time view; a head becomes a Gemm(transB=1) on it), or None when the pair is left as it is; `why` then says
+    run-time view; a head becomes a Gemm(transB=1) on it; a float32, float16 or bfloat16 table and head of one
+    format), or None when the pair is left as it is; `why` then says
     why in one line where the pair holds one table's values twice (None where there is nothing to say)."""
     table, head, relation = pair["table_entry"], pair["head_entry"], pair["relation"]
     if relation == "distinct":
@@ -24,10 +28,13 @@ def remedy(pair):
     if packed_duplicate(pair):
         return "packed_duplicate", None
     views = table["views"] + head["views"]
-    if table["format"] != "float32" or head["format"] != "float32":
+    if table["format"] not in FLOATS or head["format"] != table["format"]:
         return None, (f"a {table['format']} table read through {', '.join(views) or 'no view'} by "
-                      f"{table['node'].op_type}: left as it is (--retie rewrites float32 tables, and onnxruntime's "
-                      "int4 block layouts)")
+                      f"{table['node'].op_type}: left as it is (--retie rewrites float32, float16 and bfloat16 tables "
+                      "with a head of the same format, and onnxruntime's int4 block layouts)")
+    if "Cast" in table["views"]:  # the lookup would read the table in another type than it did
+        return None, (f"a {table['format']} table its {table['node'].op_type} reads through a Cast "
+                      f"({', '.join(table['views'])}): left as it is")
     if "Reshape" in views:
         return None, (f"read through a Reshape that is not the table's own shape ({', '.join(views)}): left as it is "
                       "(a rewrite would have to undo it)")

@@ -4,6 +4,7 @@ import os
 from onnx import TensorProto
 
 from graphs.storage import stage
+from runtime.bounds import NARROW, bound_words
 from runtime.model.findings import counting
 from runtime.model.findings.copies import copy_sizes, runtime_copies
 from runtime.model.findings.counting import human, stored_copies, times
@@ -62,6 +63,8 @@ def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_
         failures = answer["failures"]
         if in_place:
             in_place.drift = answer.get("drift")
+        if in_place is not None:
+            in_place.heads = answer.get("heads")
         if keep is not None:
             keep["kept"] = answer.get("kept")
         if answer["data"]:  # a tensor of a table's size made: written again with its data, to be compared
@@ -79,10 +82,14 @@ def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_
     before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
     held = {}
     for table, original in {final: original for _, _, original, _, final in rewritten}.items():
-        extra = [copy_key(c) for c in copies if c.get("copy_of") == table and c["bytes"] >= retied.tensors[table].nbytes]
+        mine = [c for c in copies if c.get("copy_of") == table and c["bytes"] >= retied.tensors[table].nbytes]
+        # the CPU provider's float32 widening of a float16 / bfloat16 head's weight is held, and counted, but no
+        # rewrite that keeps the table in its format removes it (verdict.why_not_widened)
+        widened = [copy_key(c) for c in mine if str(c.get("view", "")).startswith("widened")]
+        extra = [copy_key(c) for c in mine if copy_key(c) not in widened]
         if extra:
             failures.append(f"onnxruntime still copies {table} at run time: {extra}")
-        held[table] = copies_held([table] + extra, retied_optimized.proto, prepacked, prepacking=True)
+        held[table] = copies_held([table] + extra + widened, retied_optimized.proto, prepacked, prepacking=True)
         float_table = retied.tensors[table].data_type == TensorProto.FLOAT
         if held[table] > (1 if float_table else before.get(original, 1)):
             failures.append(f"under onnxruntime's default SessionOptions a session would hold {held[table]} copies "
@@ -168,9 +175,10 @@ def kept_line(keep, default, shape, where="", retied=False):
     same run (its logits then within their bound at k = 0 too)."""
     exact = (keep.get("kept") or {}).get("exact")
     nbits = any(how for *_, how in keep["heads"].values())
+    narrow = [f for f in (keep.get("kept") or {}).get("formats", []) if f in NARROW]
     last = ("bit for bit (the kernel computes each row alike)" if exact else
             "within MatMulNBits' bound at its accuracy level" if nbits else
-            "within float32's rounding bound on its dot products")
+            f"within {' and '.join(map(bound_words, narrow or ['float32']))}")
     return (f"retie: {where}{', '.join(keep['outputs'])}: input {keep['input']} (int64 scalar, default {default}) "
             f"keeps the last k positions before the head (0: all); proven on decoder feeds ({describe(shape)}): "
             f"with 0 every output {AS_RETIED if retied else 'bit for bit'}, with 1 the last position's logits {last} "
@@ -195,7 +203,17 @@ def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):
     feeds = describe(shape) + (", both branches of use_cache_branch" if merged else "") + "".join(
         f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
     return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "
-            f"the logits within float32's rounding bound, every other output {_others(weights)}\n")
+            f"{_heads_said(getattr(weights, 'heads', None))}, every other output {_others(weights)}\n")
+
+
+def _heads_said(found):
+    """What the proof found of the heads' outputs (agree.heads_found's, or None), in words: within float32's bound,
+    or within the bound of the narrower format they were compared in, and whether they were bit for bit there."""
+    narrow = [f for f in (found or {}).get("formats", []) if f in NARROW]
+    if not narrow:
+        return "the logits within float32's rounding bound"
+    seen = " (on these feeds bit for bit)" if found["exact"] else ""
+    return f"the logits within {' and '.join(map(bound_words, narrow))}{seen}"
 
 
 def _others(weights):
@@ -213,6 +231,12 @@ def _others(weights):
             "kernels read their own packed copies and sum a row's products in another order, each product within "
             f"float32's rounding bound of the other's: its outputs lay within {drift['most']:.2g} of these on these "
             f"feeds ({drift['output']}, {drift['at']}; values up to {drift['largest']:.2g})")
+
+
+def widened_note(fmt):
+    """What a float16 / bfloat16 table's second copy after a retie is, to end an outcome line with."""
+    return (f"; one is onnxruntime's CPU provider's float32 widening of the {fmt} head's weight, which no rewrite "
+            f"that keeps the table {fmt} removes")
 
 
 def gained_line(table, copies, was, figures, on_disk):
@@ -234,6 +258,9 @@ def gained_line(table, copies, was, figures, on_disk):
         line += f" (one run adds {human(after)} resident, was {human(before)})"
     elif size:
         line += f" (counted: {human(size)} is too small a table for resident bytes to show it)"
-    if copies == counted and copies > 1:
+    fmt = None if was is None else was.get("format")
+    if copies > 1 and fmt in NARROW:
+        line += widened_note(fmt)
+    elif copies == counted and copies > 1:
         line += "; the head's kernel prepacks its own copy of the codes, with or without the retie"
     return line + "\n"

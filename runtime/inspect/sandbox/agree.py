@@ -1,11 +1,13 @@
 """Whether the retied model's outputs agree with the original's: a head's, and what it reaches through elementwise
-ops of bounded effect, within float32's bound on a dot product (2 gamma_w sum|h t|, times the chain's constant,
-plus a few ulps an op); every other output bit for bit. The proof (runtime.inspect.sandbox.proof) runs the models;
+ops of bounded effect, within float32's bound on a dot product (2 gamma_w sum|h t|; a float16 / bfloat16 head's
+float32 sums are then rounded to its format once more: runtime.bounds.rounded_apart), times the chain's constant,
+plus a few ulps an op; every other output bit for bit. The proof (runtime.inspect.sandbox.proof) runs the models;
 this judges their outputs."""
 import numpy as np
+from onnx import TensorProto
 
 from graphs.arrays import release
-from runtime.bounds import U, dot_bounds, quantized_head_bound
+from runtime.bounds import NARROW, U, bound_words, dot_bounds, quantized_head_bound, rounded_apart, unit_roundoff
 from runtime.model.findings.shares import scalar_constant
 from runtime.model.graph.ops import SCALES, WITHIN_ITS_INPUT
 from runtime.model.graph.quantized import Quant, decoded
@@ -79,10 +81,11 @@ ULPS_PER_OP = 8  # what one float32 elementwise op adds, each side: 1/2 ulp roun
 def chains(model, head_of):
     """{output: [(head output, Lipschitz constant, ops)]}: each output (a graph output, or the head's own) that a
     rewritten head's output reaches through elementwise ops whose change of their input is bounded by a constant
-    factor: Div / Mul by a scalar constant (1/|c|, |c|), Add / Sub of a constant of any shape (1), Tanh and Identity
-    (1), as the soft-capped logits of Gemma2 (30 tanh(x / 30)) and the biased logits of BART and Marian are; from an
-    If branch's output on through its If node's (both branches' heads then reach the same output: the run says which
-    branch ran)."""
+    factor: Div / Mul by a scalar constant (1/|c|, |c|), Add / Sub of a constant of any shape (1), Tanh, Identity
+    and a Cast to float32 or float64 (1, and no op: it widens a float32, float16 or bfloat16 head's values exactly;
+    a Cast to a narrower type ends the chain), as the soft-capped logits of Gemma2 (30 tanh(x / 30)) and the biased
+    logits of BART and Marian are; from an If branch's output on through its If node's (both branches' heads then
+    reach the same output: the run says which branch ran)."""
     maps, branch_of, starts = {}, {}, []
     for path, body, order, producer, consumers in scopes(model.proto.graph):
         maps[path] = (body, producer, consumers)
@@ -112,7 +115,7 @@ def chains(model, head_of):
             node = readers[0] if len(readers) == 1 and readers[0].output else None
             if node is None:
                 break
-            if node.op_type in WITHIN_ITS_INPUT:
+            if node.op_type in WITHIN_ITS_INPUT or (node.op_type == "Cast" and _to(node) in _WIDE):
                 factor = 1.0
             elif node.op_type in ("Add", "Sub") and len(node.input) == 2 and name in node.input and \
                     _constant_tensor(node.input[1] if node.input[0] == name else node.input[0], producer, model):
@@ -126,8 +129,16 @@ def chains(model, head_of):
                 factor = 1 / abs(c) if node.op_type == "Div" else abs(c) if node.op_type == "Mul" else 1.0
             else:
                 break
-            lipschitz, ops, name = lipschitz * factor, ops + 1, node.output[0]
+            lipschitz, ops, name = lipschitz * factor, ops + (node.op_type != "Cast"), node.output[0]
     return found
+
+
+_WIDE = (TensorProto.FLOAT, TensorProto.DOUBLE)  # a head's values (float32 at most) widened exactly
+
+
+def _to(node):
+    """A Cast's target type."""
+    return next((a.i for a in node.attribute if a.name == "to"), None)
 
 
 def _constant_tensor(name, producer, model):
@@ -138,9 +149,9 @@ def _constant_tensor(name, producer, model):
 
 def compare(old, new, head_of, chains, tables, bounds=None):
     """Failures comparing two runs' outputs: a head's, and what it reaches through a bounded chain (chains), within
-    the head's bound (from `bounds`, bounds()' entry for this run, else computed here) times the chain's constant
-    plus ULPS_PER_OP ulps per op on each side; the rest bit for bit (a head whose bound is neither given nor
-    computable from `tables` too)."""
+    the head's bound (from `bounds`, bounds()' entry for this run, else computed here; _apart's for a float16 /
+    bfloat16 head) times the chain's constant plus ULPS_PER_OP ulps per op on each side; the rest bit for bit (a
+    head whose bound is neither given nor computable from `tables` too). Equal values always agree; NaN never."""
     failures = [f"output {name!r}: the original has none of that name" for name in new if name not in old]
     for name in (n for n in new if n in old):  # the original's also shows the hidden vectors the bound reads
         a, b = old[name], new[name]
@@ -153,11 +164,35 @@ def compare(old, new, head_of, chains, tables, bounds=None):
             head, lipschitz, ops = ran[0]
             hidden, table = head_of[head]
             known = (bounds or {}).get((hidden, table))
-            bound = lipschitz * (head_bound(old[hidden], tables[table]) if known is None else known)
-            bound += ops * ULPS_PER_OP * U * (np.abs(a.astype(np.float64)) + np.abs(b))
-            if np.isnan(b).any() or not np.all(np.abs(a.astype(np.float64) - b) <= bound):
+            dot = head_bound(old[hidden], tables[table]) if known is None else known
+            at_head = old.get(head, a) if old.get(head, a).shape == a.shape else a  # the head's own rounded values
+            bound = lipschitz * _apart(dot, at_head)
+            unit = max(unit_roundoff(a.dtype), unit_roundoff(at_head.dtype))  # an op rounds at most at the coarser
+            bound += ops * ULPS_PER_OP * unit * (np.abs(a.astype(np.float64)) + np.abs(b.astype(np.float64)))
+            apart = np.abs(a.astype(np.float64) - b.astype(np.float64))
+            if np.isnan(b.astype(np.float64)).any() or not np.all((a == b) | (apart <= bound)):
                 via = f" (through {ops} elementwise op(s) from the head, factor {lipschitz:g})" if ops else ""
-                failures.append(f"output {name!r}: differs beyond float32's rounding bound on its dot products{via}")
+                failures.append(f"output {name!r}: differs beyond {bound_words(at_head.dtype)}{via}")
         elif not np.array_equal(a.view(np.uint8), b.view(np.uint8)):
             failures.append(f"output {name!r}: not bit-identical, and not a head output whose bound is known")
     return failures
+
+
+def _apart(dot, rounded):
+    """How far two heads' outputs may lie apart: `dot` (their float32 sums' bound) where they are float32, else
+    rounded_apart's for the narrower format of `rounded` (one side's values)."""
+    name = np.dtype(rounded.dtype).name
+    return rounded_apart(dot, rounded, name) if name in NARROW else dot
+
+
+def heads_found(olds, news, chains):
+    """What the proof saw of the outputs the heads reach (chains'): {"exact": whether every one was the original's
+    bit for bit, "formats": the float formats of the heads' own outputs (a float16 head's logits widened to float32
+    on the way out are float16's)}."""
+    exact, formats = True, set()
+    for old, new in zip(olds, news):
+        for name in (n for n in chains if n in old and n in new):
+            formats |= {np.dtype(old.get(head, old[name]).dtype).name for head, *_ in chains[name]}
+            exact = exact and old[name].shape == new[name].shape and np.array_equal(
+                np.ascontiguousarray(old[name]).view(np.uint8), np.ascontiguousarray(new[name]).view(np.uint8))
+    return {"exact": exact, "formats": sorted(formats)}

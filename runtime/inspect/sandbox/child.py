@@ -103,7 +103,7 @@ def _prove(job):
         proven = prove(job)
     except OriginalFails as e:
         return {"failures": [], "original": str(e)}
-    answer = {"failures": proven.failures, "kept": proven.kept, "drift": proven.drift}
+    answer = {"failures": proven.failures, "kept": proven.kept, "drift": proven.drift, "heads": proven.heads}
     if not job.get("layout"):
         return answer
     retied, layout = _proto(job["after"]), _proto(job["layout"])

@@ -1,5 +1,6 @@
 """The retie proof: both models run on the same decoder feeds (feeds.plan's; in a folder, an input another file
-makes is that file's output); heads agree within float32's bound, the rest bit for bit. It runs in the isolated child (runtime.inspect.sandbox.isolated), since it opens sessions on an untrusted
+makes is that file's output); heads agree within float32's bound (a float16 / bfloat16 head's, within its
+format's: agree), the rest bit for bit. It runs in the isolated child (runtime.inspect.sandbox.isolated), since it opens sessions on an untrusted
 model and runs onnx's shape inference on it."""
 from typing import NamedTuple
 
@@ -98,11 +99,12 @@ class OriginalFails(Exception):
 class Proven(NamedTuple):
     """What prove() found: one-line failures (empty: proven); the retied model's measured figures or None; with
     job["keep"] {"exact": whether the last position's logits at k = 1 are the original's bit for bit}, else None;
-    where job["in_place"], _drift's, else None."""
+    where job["in_place"], _drift's, else None; agree.heads_found's of the heads' outputs (k = 0), or None."""
     failures: list
     figures: dict | None
     kept: dict | None
     drift: dict | None = None
+    heads: dict | None = None
 
 
 def prove(job):
@@ -153,11 +155,13 @@ def prove(job):
         said += f", {keep['input']} 0" if keep else ""
         failures += [f"{said}: {f}" for f in agree.compare(old, new, head_of, chains, tables, bounds)]
     drift = _drift(before, folder, feed_sets, news, set(chains) | set(every)) if job.get("in_place") else None
+    heads = agree.heads_found(olds, news, chains)
     if not keep:
-        return Proven(failures, figures, None, drift)
+        return Proven(failures, figures, None, drift, heads)
     every.update({out: (hidden, table) for out, (hidden, table, _) in nbits.items()})
     more, exact = _last_failures(before, keep, every, nbits, tables, zip(feed_sets, olds, lasts, all_bounds))
-    return Proven(failures + more, figures, {"exact": exact}, drift)
+    formats = sorted({np.dtype(old[n].dtype).name for old in olds for n in keep["outputs"] if n in old})
+    return Proven(failures + more, figures, {"exact": exact, "formats": formats}, drift, heads)
 
 
 def _feed_sets(job, before):
