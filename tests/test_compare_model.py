@@ -83,9 +83,15 @@ def test_the_fp32_variant_of_a_transformers_js_folder_is_read(tmp_path):
     onnx_dir.mkdir()
     _, table = small_model(onnx_dir, "float32")
     small_model(onnx_dir, "float16", name="model_fp16.onnx")
-    for where in (tmp_path, onnx_dir):
-        found = read_table(str(where))
-        assert found.model.endswith(os.path.join("onnx", "model.onnx")) and np.array_equal(found.values, table)
+    for config in (False, True):  # with config.json, a transformers.js folder as inspect reads its variants
+        if config:
+            (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        for where in (tmp_path, onnx_dir):
+            found = read_table(str(where))
+            assert found.model.endswith(os.path.join("onnx", "model.onnx")) and np.array_equal(found.values, table)
+    os.remove(onnx_dir / "model.onnx")  # no fp32 variant: the first there is
+    found = read_table(str(tmp_path))
+    assert found.model.endswith(os.path.join("onnx", "model_fp16.onnx")) and found.format == "float16"
 
 
 def test_a_hub_cache_snapshot_is_read_in_place_with_its_tokenizer(tmp_path):

@@ -15,7 +15,7 @@ from runtime.model.findings.relations import stored_as_table
 from runtime.model.found import static_findings
 from runtime.model.graph import quantized
 from runtime.model.read import paths
-from runtime.model.read.layout import client_files
+from runtime.model.read.layout import client_files, variants
 from runtime.model.read.model import FLOATS, load
 from runtime.model.read.text import InspectError
 
@@ -69,19 +69,18 @@ def _is_gguf(path):
         raise InspectError(f"{path}: {e.strerror}") from None
 
 
-_TRANSFORMERS_JS = os.path.join("onnx", "model.onnx")  # a decoder-only transformers.js model's fp32 variant
-
-
 def _files(path):
     """([file paths], root each must lie in, the folder the tokenizer lies in or above). Of a transformers.js
-    folder (its root or its onnx/), the fp32 variant: a client loads one variant, and the others hold the same
-    table in other formats."""
+    folder (its root or its onnx/), the fp32 variant where it has one, else its first (layout.variants): a client
+    loads one variant, and the others hold the same table in other formats."""
     if os.path.isdir(path):
         folder = os.path.abspath(path)
-        has = lambda name: os.path.isfile(os.path.join(folder, name))
-        variants = any(n.startswith("model_") and n.endswith(".onnx") for n in os.listdir(folder))
-        fp32 = _TRANSFORMERS_JS if has(_TRANSFORMERS_JS) else "model.onnx" if has("model.onnx") and variants else None
-        names, _ = client_files(folder, [fp32] if fp32 else None)  # else genai's, Optimum's, ... or every file
+        found = dict(variants(folder) or {})
+        chosen = found.get("fp32") or next(iter(found.values()), None)
+        if not found and os.path.isfile(os.path.join(folder, "model.onnx")) and any(
+                n.startswith("model_") and n.endswith(".onnx") for n in os.listdir(folder)):
+            chosen = ["model.onnx"]  # onnx/ with no config.json above it: its fp32 variant, as above
+        names, _ = client_files(folder, chosen)  # else genai's, Optimum's, ... or every file
         return [os.path.join(folder, n) for n in names], paths.root_of(folder), folder
     if not os.path.isfile(path):
         raise InspectError(f"{path}: not a regular file or folder")
