@@ -12,6 +12,7 @@ inline tensor is read by onnxruntime where it lies, as an external data file's i
 that keeps the file's size and mtime is beyond what a check short of reading them again can see, as for data files.
 The raw data is what a user's session holds in its memory; what the file says about it (names, types, dims,
 offsets, the graph) is what the shell's digest covers."""
+import contextlib
 import io
 import os
 
@@ -64,7 +65,8 @@ def source(checked):
     try:
         shell = _same_file(fd, checked)
     except BaseException:
-        os.close(fd)
+        with contextlib.suppress(OSError):  # (paths.check_opened closes it itself)
+            os.close(fd)
         raise
     for name, identity in checked["files"].items():  # each by the name onnxruntime opens: a link retargeted shows
         try:
