@@ -47,6 +47,7 @@ class Shell:
 
     def __init__(self, data, lazy, size):
         self.data, self.lazy, self.size = data, lazy, size
+        self.identity = None  # [device, inode, size, mtime in ns] of the file, where read_open read it
         self.digest = hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
