@@ -219,3 +219,15 @@ def copies_held(names, optimized, prepacked, prepacking):
         return held
     present = set(names) & _indexed(optimized)[0]
     return held + sum(p["initializer"] in present for p in prepacked)
+
+
+def let_go():
+    """Return what this process freed to the system (a session let go): collected, and glibc's free heap trimmed
+    (malloc_trim), so that the next session's peak is its own. Nothing where the C library has no malloc_trim."""
+    import ctypes
+    import ctypes.util
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -48,11 +48,13 @@ class Examination:
     finish() measures (the settings in `measure`), waits for the child and gives inspect_model's dict. Several
     files started before any finishes build their optimized models side by side.
 
-    The child's session writes the optimized model's layout as it opens (runner.data_thrown_away) and, where the
-    model is measured, is the session measured under the defaults: one load for both. Writing holds a copy of what
-    onnxruntime keeps in its own memory (resident.owned_bytes: inline or folded tensors); where that is more than
-    resident.OWNED_MOST the figures would show it, and a fresh child measures the defaults again. A model that holds
-    more than that inline is measured apart from the start, beside the optimizing child where the machine allows."""
+    Where the model is measured, one child measures the session under the defaults, opened as its user opens it,
+    and writes the optimized model's layout (runner.data_thrown_away): a model with little inline is measured in the
+    session that writes it as it opens (one load for both); one that holds its large tensors inline (a model file
+    under 2 GB) is measured first and let go, and a second session, from its shell (each large tensor read where it
+    lies in the file), writes the layout (child._measure). Writing holds a copy of what onnxruntime keeps in its own
+    memory (resident.owned_bytes: inline or folded tensors); where that is more than resident.OWNED_MOST the
+    figures would show it, and a fresh child measures the defaults again."""
 
     def __init__(self, path, folder, limits=None, proof_past=None, measure=DEFAULTS, root=None):
         self.limits = limits = limits or isolated.Limits()
@@ -64,8 +66,9 @@ class Examination:
         self.watched = self.tables + (table_shaped(self.tables, self.heads) if measure else self.heads)
         self.rows = {lookup_ids(t): t["vocab"] for t in self.tables}  # each lookup's ids, and the rows they may name
         self.settings = list(measure) if self.tables else []  # nothing to measure without a table
-        inline = sum(t.nbytes for t in model.tensors.values() if t.external is None)
-        self.merged = "defaults" in self.settings and inline <= OWNED_MOST and not memory.too_large(model.file_bytes)
+        # one child measures the defaults and writes the layout (one session, or, where the model holds its tensors
+        # inline, a second one from its shell once the first is measured: child._measure)
+        self.merged = "defaults" in self.settings and not memory.too_large(model.file_bytes)
         self.job = {"kind": "optimize", "checked": model.checked, "out": os.path.join(folder, "optimized.onnx"),
                     "folder": folder, "sizes": copy_sizes(model, self.watched)}
         if self.merged:

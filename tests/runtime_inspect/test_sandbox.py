@@ -60,7 +60,9 @@ def test_a_data_file_swapped_after_the_check_is_refused(tmp_path):
     with pytest.raises(read_checked.Changed, match="changed after it was checked"):
         read_checked.source(model.checked)
     model = load(path)
-    assert read_checked.source(model.checked)[0] == open(path, "rb").read()  # unchanged: the checked bytes
+    checked = read_checked.source(model.checked)  # unchanged: the checked file, all of it in its shell (its
+    assert checked.as_user() == (open(path, "rb").read(), model.folder)  # tensors lie in the data file)
+    checked.close()
 
 
 def test_what_the_child_runs_is_the_checked_bytes(tmp_path):

@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from graphs.storage import PROTOBUF_LIMIT
+from graphs.storage import EXTERNAL_FROM, PROTOBUF_LIMIT
 from graphs.tie import unfolded_view
 from runtime.model.findings.counting import human
 from runtime.model.read import paths
@@ -27,8 +27,10 @@ def shell(graph, name, array):
 
 def external_sources(model):
     """{name: its bytes on disk} of each external initializer of the main graph, for graphs.storage to write into
-    OUT's data file; every other external tensor is read into the model first (inline_nested)."""
+    OUT's data file; every other external tensor is read into the model first (inline_nested), and so is the raw
+    data its shell left in an inline model's file, where it is small (inline_stored)."""
     inline_nested(model)
+    inline_stored(model)
     return {t.name: model.tensors[t.name].raw() for t in model.proto.graph.initializer
             if t.data_location == TensorProto.EXTERNAL}
 
@@ -49,6 +51,21 @@ def inline_nested(model):
                            "them at most; nothing written")
     for tensor, data in zip(nested, checked):
         tensor.raw_data = bytes(data.raw())
+        del tensor.external_data[:]
+        tensor.data_location = TensorProto.DEFAULT
+
+
+def inline_stored(model, most=EXTERNAL_FROM):
+    """Read into `model.proto` the raw data of the main graph's initializers that an inline model's shell left in its
+    file (Tensor.stored), where they hold `most` bytes or less together: OUT is then as inline as the original
+    (graphs.storage writes a model whose tensors are all inline as one file). Larger ones stay where they lie and
+    are written from there into OUT's data file, never held whole here."""
+    stored = [t for t in model.proto.graph.initializer if t.data_location == TensorProto.EXTERNAL
+              and t.name in model.tensors and model.tensors[t.name].stored is not None]
+    if sum(model.tensors[t.name].nbytes for t in stored) > most:
+        return
+    for tensor in stored:
+        tensor.raw_data = bytes(model.tensors[tensor.name].raw())
         del tensor.external_data[:]
         tensor.data_location = TensorProto.DEFAULT
 

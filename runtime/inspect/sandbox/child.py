@@ -19,34 +19,42 @@ def _first_line(e):
 
 
 def _model(job):
-    """(the model's bytes or path, the folder of its data or None): the bytes that were checked when the job
-    carries `checked` (the user's model), else the path (a file this tool wrote in its scratch folder)."""
-    return source(job["checked"]) if "checked" in job else (job["model"], None)
+    """(the model as its user's session opens it, the folder of its data or None; the model as a shell, its folder;
+    the shell's ModelProto, small): for job["checked"] (the user's model) what checked.source hands out (the file that
+    was checked, by its descriptor; its shell, each large tensor read where it lies), else job["model"] (a file this
+    tool wrote in its scratch folder) both times."""
+    if "checked" not in job:
+        return (job["model"], None), (job["model"], None), _proto(job["model"])
+    checked = source(job["checked"])
+    return checked.as_user(), checked.as_shell(), _proto(checked.as_shell()[0])
 
 
 def _optimize(job):
     """onnxruntime's optimized model written to job["out"], its prepacked copies recorded. With job["sizes"] (the
     element counts of the tensors whose copies are looked for), its layout first, without data; the data only
-    when the optimizer made a tensor of one of those sizes, whose values must then be compared."""
+    when the optimizer made a tensor of one of those sizes, whose values must then be compared. Written from the
+    model's shell: the optimized model is the same, its large tensors not parsed into a protobuf first."""
     import onnxruntime
 
     from runtime.runner import write_optimized_layout, write_optimized_model
-    model, folder = _model(job)
+    _, (model, folder), proto = _model(job)
     answer = {"onnxruntime": onnxruntime.__version__, "data": True}  # whose folding and prepacking is described
     if job.get("sizes") is not None:
         write_optimized_layout(model, job["out"], data_folder=folder)
-        if not _copies_to_compare(_proto(model, folder), _proto(job["out"]), job["sizes"]):
+        if not _copies_to_compare(proto, _proto(job["out"]), job["sizes"]):
             return {**answer, "data": False}
         os.remove(job["out"])
     write_optimized_model(model, job["out"], prepacked=True, data_folder=folder)  # the defaults' prepacks recorded
     return answer
 
 
-def _proto(model, folder=None):
-    """The ModelProto of `model`: serialized bytes when `folder` (where its data lies) is given, else a path; its
-    tensor data not loaded."""
+def _proto(model):
+    """The ModelProto of `model` (serialized bytes, or a path: read as its shell, runtime.model.read.wire), its large
+    tensors' data not read."""
     import onnx
-    return onnx.load_model_from_string(model) if folder else onnx.load(model, load_external_data=False)
+
+    from runtime.model.read.wire import read_file
+    return onnx.load_model_from_string(model if isinstance(model, bytes) else read_file(model).data)
 
 
 def _copies_to_compare(original, layout, sizes):
@@ -59,23 +67,32 @@ def _copies_to_compare(original, layout, sizes):
 
 
 def _measure(job):
-    """What a session adds after one run of the proof's decoder feeds, in this fresh process. With job["layout"],
-    the session also writes its optimized model's layout there (one load for both), and the answer says what the
-    optimize job's would ("onnxruntime", "data") and how many bytes writing it held ("owned_bytes": the figures
-    stand only where that is small)."""
+    """What a session adds after one run of the proof's decoder feeds, in this fresh process, opened as its user
+    opens it. With job["layout"], the answer also says what the optimize job's would ("onnxruntime", "data") and
+    how many bytes writing the layout held beside the session measured ("owned_bytes": the figures stand only where
+    that is small): where the model holds its large tensors inline (as its shell left them in the file, or a shell
+    past OWNED_MOST), a second session, from the shell, writes the layout after the first is measured and let go;
+    otherwise the session measured writes it as it opens (one load for both)."""
     import onnxruntime
 
     from runtime.inspect.sandbox.feeds import first_feeds
-    from runtime.resident import owned_bytes, session_growth
-    model, folder = _model(job)
-    proto = _proto(model, folder)
+    from runtime.resident import OWNED_MOST, let_go, owned_bytes, session_growth
+    from runtime.runner import write_optimized_layout
+    (model, folder), (shell, shell_folder), proto = _model(job)
     feeds = first_feeds(proto, job["rows"], job["shape"])
     if not job.get("layout"):
-        del proto
         return session_growth(model, feeds, job["prepacking"], data_folder=folder)
-    figures = session_growth(model, feeds, job["prepacking"], data_folder=folder, layout=job["layout"])
+    if "checked" in job and (isinstance(model, str) or len(shell) > OWNED_MOST):
+        figures = session_growth(model, feeds, job["prepacking"], data_folder=folder)
+        let_go()  # the session measured: gone before the next one opens
+        write_optimized_layout(shell, job["layout"], data_folder=shell_folder)
+        owned = 0
+    else:
+        figures = session_growth(model, feeds, job["prepacking"], data_folder=folder, layout=job["layout"])
+        owned = None
     layout = _proto(job["layout"])
-    return {**figures, "onnxruntime": onnxruntime.__version__, "owned_bytes": owned_bytes(proto, layout),
+    return {**figures, "onnxruntime": onnxruntime.__version__,
+            "owned_bytes": owned_bytes(proto, layout) if owned is None else owned,
             "data": _copies_to_compare(proto, layout, job.get("sizes"))}
 
 
@@ -85,8 +102,7 @@ def _measure_together(job):
     from runtime.resident import sessions_growth
     models = []
     for part in job["files"]:
-        model, folder = _model(part)
-        proto = _proto(model, folder)
+        (model, folder), _, proto = _model(part)
         models.append((model, folder, first_feeds(proto, part["rows"], part["shape"])))
         del proto
     return sessions_growth(models, job["prepacking"])
@@ -114,8 +130,8 @@ def _prove(job):
 def _prefill(job):
     """One profiled run of the model at job["tokens"] prompt tokens (runtime.inspect.sandbox.timing)."""
     from runtime.inspect.sandbox import timing
-    model, folder = _model(job)
-    return timing.run(job, model, folder, _proto(model, folder))
+    (model, folder), _, proto = _model(job)
+    return timing.run(job, model, folder, proto)
 
 
 _JOBS = {"optimize": _optimize, "measure": _measure, "measure_together": _measure_together, "prove": _prove,

@@ -173,7 +173,7 @@ class Child:
         if child.returncode < 0:
             name = signal.Signals(-child.returncode).name
             if "checked" in job and -child.returncode == signal.SIGBUS:
-                source(job["checked"])  # Changed, if a data file shrank under onnxruntime's mapping
+                source(job["checked"]).close()  # Changed, if a file shrank under onnxruntime's mapping
             raise InspectError(f"onnxruntime crashed ({name}) while {what}: the model is malformed or hostile"
                                f"{_memory_hint(err, self.memory)}")
         if child.returncode == OUT_OF_MEMORY or "bad_alloc" in err:

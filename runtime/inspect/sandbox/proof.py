@@ -115,10 +115,11 @@ def prove(job):
     original's last position within the head's bound, everything else bit for bit), layout (where the retied
     model's session writes its optimized model's layout, if anywhere), measure (whether to measure that session: a
     single file's retie)}; OriginalFails when the original itself does not run on those feeds. The original is read
-    as checked (isolated.source), never from a file swapped in since."""
-    data, folder = source(job["checked"])
-    before = load(job["before"], folder, data=data)
-    del data
+    as checked (checked.source: its shell, each large tensor read by onnxruntime where it lies), never from a file
+    swapped in since."""
+    checked = source(job["checked"])
+    folder = checked.folder
+    before = load(job["before"], folder, data=checked.shell)  # its large tensors read where they lie: its shell
     flipped = {table: transposed for _, _, table, transposed, _ in job["rewritten"]}
     tables = {name: before.tensors[name].values().T if transposed else before.tensors[name].values()
               for name, transposed in flipped.items()}  # each [vocab, width], memory-mapped
@@ -282,9 +283,9 @@ def _fed_from(feeds, upstream, made):
         return feeds
     path, length = upstream["checked"]["path"], feeds[name].shape[1]
     if path not in made:
-        data, folder = source(upstream["checked"])
-        producer = load(path, folder, data=data)
-        del data
+        checked = source(upstream["checked"])
+        folder = checked.folder
+        producer = load(path, folder, data=checked.shell)
         made[path] = (producer.proto, Runner(producer.proto, data_folder=folder).session)
     proto, session = made[path]
     if (path, upstream["output"], length) not in made:

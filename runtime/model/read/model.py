@@ -3,9 +3,9 @@
 The rules follow CPython's tarfile filters and onnx's own location check: each external-data path is
 resolved and refused if it leaves the model's folder, before it is opened; each declared size is checked
 against the file that must hold it before memory is reserved; tensor data stays on disk (memory-mapped)
-until a comparison reads it.
+until a comparison reads it. That holds for an inline model too: the file is read as a shell (runtime.model.read.
+wire), each large tensor's raw data left where it lies in the file (Tensor.stored) and mapped from there when read.
 """
-import hashlib
 import math
 import os
 
@@ -18,7 +18,7 @@ from graphs.bodies import graph_paths, label  # noqa: F401 - how inspect names g
 from graphs.storage import (
     BITS,  # bits per element of each type that can be sized; a type not listed is a finding
 )
-from runtime.model.read import paths
+from runtime.model.read import paths, wire
 from runtime.model.read.text import InspectError
 
 FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)  # the float types
@@ -26,7 +26,6 @@ BYTE_CODES = (TensorProto.INT8, TensorProto.UINT8)  # integer codes a byte each
 CODES = BYTE_CODES + (TensorProto.INT4, TensorProto.UINT4)  # and the packed 4-bit ones
 _MAX_ELEMENTS = 2**62  # past this a product of dims is nonsense whatever the file holds
 
-_SPARSE_FROM = 64 * 2**20  # below this, holes (alignment padding) are not worth a finding
 
 _ORT_MEMORY_MARKER = "_ORT_MEM_ADDR_"  # onnxruntime reads such a "location" from process memory
 
@@ -34,11 +33,15 @@ UNWRITTEN = ("", 0, 0)  # Tensor.external of a tensor whose data was never writt
 
 
 class Tensor:
-    """One initializer as checked: name, type, dims, bytes, and where its data lies (never loaded here)."""
+    """One initializer as checked: name, type, dims, bytes, and where its data lies (never loaded here): `external`
+    (path, offset, length) in an external data file, or None where the model file holds it inline; `stored` the
+    same for an inline tensor whose raw data the shell left in the model file (wire.LAZY_FROM bytes or more), else
+    None (`proto` then holds its data)."""
 
-    def __init__(self, proto, nbytes, external=None):
+    def __init__(self, proto, nbytes, external=None, stored=None):
         self.proto, self.name, self.data_type = proto, proto.name, proto.data_type
         self.dims, self.nbytes, self.external = [int(d) for d in proto.dims], nbytes, external
+        self.stored = stored
 
     @property
     def type_name(self):
@@ -57,8 +60,8 @@ class Tensor:
         if self.elements == 0:
             return np.empty(self.dims, dtype)
         self._written()
-        if self.external is not None:
-            path, offset, _ = self.external
+        if (self.external or self.stored) is not None:
+            path, offset, _ = self.external or self.stored
             return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(self.dims))
         if self.proto.HasField("raw_data"):
             return np.frombuffer(self.proto.raw_data, dtype=dtype).reshape(self.dims)
@@ -67,8 +70,8 @@ class Tensor:
     def raw(self):
         """The stored bytes (external: memory-mapped), for byte-for-byte comparison of any type."""
         self._written()
-        if self.external is not None:
-            path, offset, length = self.external
+        if (self.external or self.stored) is not None:
+            path, offset, length = self.external or self.stored
             return np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(length,)) if length else b""
         if self.proto.HasField("raw_data"):
             return np.frombuffer(self.proto.raw_data, np.uint8)
@@ -80,11 +83,12 @@ class Tensor:
 
 
 class Model:
-    """A parsed model whose every tensor passed `check_tensor`: proto, {name: Tensor} of the main graph's
-    initializers, `bodies` {graph path (graph_paths): {name: Tensor}} of its subgraphs' own, bytes on disk; `checked`
-    says which bytes and files were checked: {path, size, digest, folder, root (where the file must lie, or None),
-    files: {path: [device, inode, size]}}
-    (runtime.model.read.checked.source hands onnxruntime those bytes and nothing else)."""
+    """A parsed model whose every tensor passed `check_tensor`: proto (the shell: wire.read's), {name: Tensor} of the
+    main graph's initializers, `bodies` {graph path (graph_paths): {name: Tensor}} of its subgraphs' own, bytes on
+    disk; `checked` says which file and files were checked: {path, size, identity: [device, inode, size, mtime in
+    ns], digest (the shell's), lazy (whether the shell left raw data in the file), folder, root (where the file must
+    lie, or None), files: {path: [device, inode, size]}} (runtime.model.read.checked.source hands onnxruntime that
+    file and nothing else)."""
 
     def __init__(self, path, proto, tensors, file_bytes, folder, checked):
         self.path, self.proto, self.tensors, self.file_bytes, self.folder = path, proto, tensors, file_bytes, folder
@@ -141,16 +145,13 @@ def _external(tensor, folder, nbytes, files, root):
     return path, offset, length
 
 
-_PROTOBUF_MOST = 2**31 - 1  # protobuf's limit on a serialized message
-
-
 def _not_sparse(files):
     """Refuse a data file that declares far more tensor bytes than it holds on disk (holes read as zeros:
     a few KiB could otherwise make onnxruntime materialise gigabytes)."""
     for path, (info, declared, _) in files.items():
         held = info.st_blocks * 512
         declared = min(declared, info.st_size)  # tensors may share a range: the file holds what it is long
-        if declared > _SPARSE_FROM and held < declared // 2:
+        if declared > wire.SPARSE_FROM and held < declared // 2:
             raise InspectError(f"external data {os.path.basename(path)!r} holds {held} bytes on disk but its tensors "
                                f"declare {declared}: a sparse file; refused")
 
@@ -163,10 +164,12 @@ def _type_name(tensor):
 _TYPED = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
 
 
-def check_tensor(tensor, folder, files, root=None, layout_only=False):
+def check_tensor(tensor, folder, files, root=None, layout_only=False, own=None):
     """A Tensor for `tensor` if its type, dims and data agree; else InspectError naming what is wrong. External
     data must lie inside `root` (default `folder`); with `layout_only`, it was never written: its length is
-    checked against the dims, no file opened, and the Tensor's data cannot be read (external is UNWRITTEN)."""
+    checked against the dims, no file opened, and the Tensor's data cannot be read (external is UNWRITTEN).
+    `own`: (the model file's real path, the wire.Shell it was read as), whose raw data left in the file is the
+    tensor's inline data (Tensor.stored)."""
     what = f"initializer {tensor.name!r}"
     if tensor.data_type not in BITS:
         raise InspectError(f"{what}: data type {_type_name(tensor)} is unknown or unsupported here")
@@ -181,6 +184,12 @@ def check_tensor(tensor, folder, files, root=None, layout_only=False):
     if tensor.HasField("segment"):
         raise InspectError(f"{what}: segmented tensors are not supported")
     if tensor.data_location == TensorProto.EXTERNAL:
+        stored = _stored(tensor, folder, own) if own else None
+        if stored is not None:
+            if stored[2] != nbytes:
+                raise InspectError(f"{what}: raw data holds {stored[2]} bytes, dims {list(tensor.dims)} of "
+                                   f"{_type_name(tensor)} need {nbytes}")
+            return Tensor(tensor, nbytes, stored=stored)
         if layout_only:
             lengths = [e.value for e in tensor.external_data if e.key == "length"]
             if lengths and lengths[0] != str(nbytes):
@@ -208,6 +217,21 @@ def check_tensor(tensor, folder, files, root=None, layout_only=False):
         if values.size != elements:
             raise InspectError(f"{what}: {values.size} values for dims {list(tensor.dims)}")
     return Tensor(tensor, nbytes)
+
+
+def _stored(tensor, folder, own):
+    """(path, offset, length) of the raw data wire.read left in the model file for `tensor` (its external data names
+    the model file itself, at an offset and length the shell recorded), else None."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    path, shell = own
+    if len(entries) != 3 or len(tensor.external_data) != 3 or not entries.get("offset", "").isdigit():
+        return None
+    offset, length = int(entries["offset"]), entries.get("length")
+    if shell.lazy.get(offset) is None or str(shell.lazy[offset]) != length:
+        return None
+    if os.path.realpath(os.path.join(folder, entries.get("location", ""))) != path:
+        return None
+    return path, offset, int(length)
 
 
 def _bodies(graph, functions=()):
@@ -249,23 +273,21 @@ def _names_are_text(graph, functions=()):
 
 
 def load(path, folder=None, data=None, root=None, layout_only=False):
-    """Parse `path` and check every tensor in it (main graph, subgraphs, attributes): a Model, or InspectError.
+    """Read `path` as a shell (wire.read) and check every tensor in it (main graph, subgraphs, attributes): a Model,
+    or InspectError.
 
     `folder` is where external data may live (default: the model's own folder). Nothing outside it is opened,
     except in a hub cache snapshot, whose data files may resolve anywhere in its repository folder.
     `root`: where the model file itself must really lie when it is opened (a folder's root: a link swapped in
-    after the folder was checked is refused); default: anywhere. `data`: the file's bytes, already read
-    (runtime.model.read.checked.source), parsed instead of reading it again. `layout_only`: a model whose
+    after the folder was checked is refused); default: anywhere. `data`: the file as read already (a wire.Shell:
+    runtime.model.read.checked.source's), checked instead of reading it again. `layout_only`: a model whose
     external data was never written (an optimized model written for its layout: runtime.runner.write_optimized_layout), its
     tensors sized from their dims and never read.
     """
-    if data is None:
-        info, fd = paths.open_regular(path, root, os.fspath(path))
-        with open(fd, "rb") as f:  # read once, from the descriptor checked: what is parsed is what was stat'ed
-            data = _read_checked(f, info, path)
+    shell = data if data is not None else wire.read_file(path, root)
     proto = onnx.ModelProto()
     try:
-        proto.ParseFromString(data)
+        proto.ParseFromString(shell.data)
     except (DecodeError, RecursionError, ValueError):
         raise InspectError(f"{path}: not an ONNX model (it does not parse; truncated?)") from None
     if proto.ir_version <= 0 or not proto.opset_import or not proto.HasField("graph"):
@@ -276,9 +298,9 @@ def load(path, folder=None, data=None, root=None, layout_only=False):
         folder = beside if paths.hub_root(beside) else os.path.dirname(os.path.realpath(path))
     folder = os.path.realpath(folder)
     data_root = paths.hub_root(folder) or folder
-    files, tensors, checked_of = {}, {}, {}
+    files, tensors, checked_of, own = {}, {}, {}, (os.path.realpath(path), shell)
     for tensor, top in all_tensors(proto.graph, proto.functions):
-        checked = checked_of[id(tensor)] = check_tensor(tensor, folder, files, data_root, layout_only)
+        checked = checked_of[id(tensor)] = check_tensor(tensor, folder, files, data_root, layout_only, own)
         if top:
             if tensor.name in tensors:
                 raise InspectError(f"initializer {tensor.name!r} is defined twice")
@@ -287,20 +309,8 @@ def load(path, folder=None, data=None, root=None, layout_only=False):
               for path, parent, g in graph_paths(proto.graph) if parent is not None and len(g.initializer)}
     _not_sparse(files)
     identities = {name: [info.st_dev, info.st_ino, info.st_size] for info, _, names in files.values() for name in names}
-    checked = {"path": os.fspath(path), "size": len(data), "digest": hashlib.blake2b(data, digest_size=16).hexdigest(),
-               "folder": folder, "root": root, "files": dict(sorted(identities.items()))}
-    model = Model(path, proto, tensors, len(data) + sum(info.st_size for info, *_ in files.values()), folder, checked)
+    checked = {"path": os.fspath(path), "size": shell.size, "identity": shell.identity, "digest": shell.digest,
+               "lazy": bool(shell.lazy), "folder": folder, "root": root, "files": dict(sorted(identities.items()))}
+    model = Model(path, proto, tensors, shell.size + sum(info.st_size for info, *_ in files.values()), folder, checked)
     model.bodies = bodies
     return model
-
-
-def _read_checked(f, info, path):
-    """The bytes of a model file, refused unread if it is past protobuf's 2 GiB or sparse."""
-    size = info.st_size
-    if size > _PROTOBUF_MOST:
-        raise InspectError(f"{path}: {size} bytes, more than a protobuf holds (2 GiB; larger tensors go in external "
-                           "data): not an ONNX model file")
-    if size > _SPARSE_FROM and info.st_blocks * 512 < size // 2:
-        raise InspectError(f"{path}: holds {info.st_blocks * 512} bytes on disk but is {size} long: a sparse file; "
-                           "refused")
-    return f.read(size)
