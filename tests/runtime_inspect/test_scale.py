@@ -138,7 +138,9 @@ def test_the_proof_opens_one_session_a_model_for_every_feed_set(tmp_path, monkey
             super().__init__(onnx_model, **kwargs)
 
     monkeypatch.setattr(proof, "Runner", Counted)
-    assert proof.prove(job) == ([], None, None, None)  # failures, figures, kept, drift
+    proven = proof.prove(job)
+    assert proven[:4] == ([], None, None, None)  # failures, figures, kept, drift
+    assert proven.heads["formats"] == ["float32"]  # its logits judged within float32's bound
     assert len(found["shape"]["lengths"]) >= 2  # several feed sets ...
     assert len(opened) == 2  # ... and one session of each model
     # a single file's retie: the retied model's session is also measured, and writes its optimized model's layout
