@@ -1,13 +1,17 @@
 """runtime.bench.scale_model and runtime.bench.scale at toy sizes: the generated model is what it says (a table, and
 a head holding it transposed bit for bit, or reading it itself), and every command of the scale section runs to
 its end with its figures (no timing asserted)."""
+import json
+import os
+import shutil
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from runtime.bench import scale, scale_model
+from runtime.bench import real_models, scale, scale_model
 
 DIMS = {"vocab": 300, "width": 16, "hidden": 32}
 
@@ -80,3 +84,59 @@ def test_the_scale_region_is_kept_without_figures_and_written_with_them():
     assert "| inspect | 5.0 s | 2.50x | 1.50 GiB | 0.75x |" in markdown.render(run, page)
     assert "| retie (exit 1) | 9.0 s | 4.50x |" in markdown.render(run, page)
     assert "| retie --logits-to-keep 1 | 10.0 s | 5.00x |" in markdown.render(run, page)
+
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def test_real_models_loads_the_decoder_a_client_loads(tmp_path):
+    genai, optimum = os.path.join(FIXTURES, "genai_fp32"), os.path.join(FIXTURES, "optimum_gpt2")
+    with open(os.path.join(genai, "genai_config.json")) as f:
+        named = json.load(f)["model"]["decoder"]["filename"]
+    assert real_models.decoder_of(genai) == os.path.join(genai, named)
+    assert real_models.decoder_of(optimum) == os.path.join(optimum, "model.onnx")
+    assert real_models.decoder_of(os.path.join(optimum, "model.onnx")) == os.path.join(optimum, "model.onnx")
+    for name in ("encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx",
+                 "decoder_model_merged.onnx"):
+        shutil.copy(os.path.join(optimum, "model.onnx"), tmp_path / name)
+    assert real_models.decoder_of(str(tmp_path)) == str(tmp_path / "decoder_model_merged.onnx")
+
+
+def _figure(wall_s, mib, status=0):
+    return {"wall_s": wall_s, "peak_bytes": mib * 2**20, "status": status, "error": None}
+
+
+def test_real_models_judges_ratios_or_a_short_sessions_allowance():
+    figures = {"model": "m", "decoder": "", "size_bytes": 2**30, "interpreter": _figure(1.0, 40),
+               "baseline": _figure(4.0, 1000), "inspect": _figure(10.0, 1300), "static": _figure(1.0, 100),
+               "retie": _figure(20.4, 1400), "keep": _figure(8.0, 1200, status=1)}
+    judged = {name: (round(t, 3), round(p, 3), met) for name, _, t, p, _, met in real_models.judged(figures)}
+    # 10 / 4 = 2.5x and 1300 / 1000 = 1.3x: on the targets; 20.4 / 4 = 5.1x > 5x; keep exited 1
+    assert judged == {"inspect": (2.5, 1.3, True), "static": (0.25, 0.1, None), "retie": (5.1, 1.4, False),
+                      "keep": (2.0, 1.2, False)}
+    figures["baseline"] = _figure(1.5, 100)  # shorter than two 1.0 s interpreters: within +2 s and +150 MiB
+    figures.update(inspect=_figure(3.5, 250), retie=_figure(3.6, 200), keep=_figure(3.0, 251))
+    met = {name: ok for name, _, _, _, _, ok in real_models.judged(figures)}
+    assert met == {"inspect": True, "static": None, "retie": False, "keep": False}
+
+
+@pytest.mark.slow
+def test_real_models_measures_every_command_against_a_session_that_ran(tmp_path):
+    folder = os.path.join(FIXTURES, "genai_fp32")
+    with open(os.path.join(folder, "genai_config.json")) as f:
+        config = json.load(f)["model"]
+    figures = real_models.measure_model(folder, str(tmp_path))
+    assert figures["size_bytes"] == sum(e.stat().st_size for e in os.scandir(folder))
+    assert {k: figures[k]["status"] for k in ("interpreter", "baseline", "inspect", "static", "retie", "keep")} == {
+        "interpreter": 0, "baseline": 0, "inspect": 0, "static": 0, "retie": 0, "keep": 0}
+    decoder = config["decoder"]
+    kv = [1, decoder["num_key_value_heads"], real_models.TOKENS, decoder["head_size"]]  # empty pasts + 4 tokens
+    outputs = figures["baseline"]["outputs"]
+    assert outputs["logits"] == [1, real_models.TOKENS, config["vocab_size"]]
+    assert len(outputs) == 1 + 2 * decoder["num_hidden_layers"] and outputs["present.0.key"] == kv
+    lines = list(real_models.lines(figures))
+    assert lines[0].startswith(f"{folder} (decoder model.onnx)") and "plain session" in lines[0]
+    assert [line.split()[0] for line in lines[1:]] == ["inspect", "static", "retie", "retie"]
+    rows = real_models.markdown_table([figures])
+    assert len(rows) == 2 + 5 and rows[2].startswith("| genai_fp32 (model.onnx)") and "| retie | " in rows[5]
+    assert os.listdir(tmp_path) == []  # the scratch folder removed

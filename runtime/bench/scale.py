@@ -6,7 +6,10 @@ once each) is sampled every 0.1 s: a plain session under onnxruntime's default S
 the baseline), `inspect MODEL`, `inspect MODEL --static`, `inspect MODEL --retie OUT` and (the TorchScript
 form) `inspect MODEL --retie OUT --logits-to-keep 1`. Printed: each command's
 wall time and peak as ratios to the baseline of the same run, and the issue's targets met or not. The models
-are written to a scratch folder (--scratch DIR chooses where) and removed after."""
+are written to a scratch folder (--scratch DIR chooses where) and removed after.
+
+`--model PATH [PATH ...]` measures models you exported instead, the same way (runtime.bench.real_models), and
+--markdown then writes the `scale_real` region."""
 import argparse
 import datetime
 import importlib.metadata
@@ -160,9 +163,13 @@ def main(argv=None):
     parser.add_argument("--gib", type=float, nargs="+", default=[3.0], help="model sizes in GiB (default 3)")
     parser.add_argument("--form", choices=FORMS, default="torchscript")
     parser.add_argument("--scratch", metavar="DIR", help="where the models are written (default: TMPDIR)")
+    parser.add_argument("--model", metavar="PATH", nargs="+", help="measure these exported models (files or the "
+                        "folders a client loads) instead of generated ones: runtime.bench.real_models")
     parser.add_argument("--markdown", metavar="FILE", help="also rewrite the <!-- bench:scale --> region of FILE "
-                        "(BENCHMARKS.md) with this run's table")
+                        "(BENCHMARKS.md; <!-- bench:scale_real --> with --model) with this run's table")
     args = parser.parse_args(argv)
+    if args.model:
+        return _models(parser, args)
     if any(not 0 < gib <= 64 for gib in args.gib):
         parser.error("--gib: each size must be in (0, 64] GiB")
     if args.markdown:
@@ -178,6 +185,28 @@ def main(argv=None):
                "cores": os.cpu_count(), "onnxruntime": importlib.metadata.version("onnxruntime")}
         page.rewrite_region(args.markdown, "scale", "\n".join(markdown_table(run)) + "\n\n" + page.stamp(run)
                             + "\n")
+
+
+def _models(parser, args):
+    """main's --model branch: each model measured by real_models, its lines printed, then the region written."""
+    from runtime.bench import real_models
+    missing = [p for p in args.model if not os.path.exists(p)]
+    if missing:
+        parser.error(f"--model: no such file or folder: {missing[0]}")
+    if args.markdown:
+        page.region_or_exit(parser, args.markdown, "scale_real")
+    started = datetime.datetime.now(datetime.timezone.utc)
+    figures = []
+    for path in args.model:
+        figures.append(real_models.measure_model(path, args.scratch))
+        for line in real_models.lines(figures[-1]):
+            print(line, flush=True)
+    if args.markdown:
+        run = {"date": started.strftime("%Y-%m-%d %H:%M"), "cpu": page.cpu(), "cores": os.cpu_count(),
+               "onnxruntime": importlib.metadata.version("onnxruntime")}
+        page.rewrite_region(args.markdown, "scale_real", "\n".join(real_models.markdown_table(figures)) + "\n\n"
+                            + page.stamp(run) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
