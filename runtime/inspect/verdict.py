@@ -17,9 +17,13 @@ _WHY_NOT = {
 }
 
 
-def _entry(kind, table, file, on_disk, in_memory, table_bytes, wasted_on_disk, fix, why_not):
-    wasted_in_memory = None if in_memory is None else max(in_memory - 1, 0) * table_bytes
-    return {"kind": kind, "table": table, "file": file, "copies_on_disk": on_disk, "copies_in_memory": in_memory,
+def _entry(kind, vocabulary, file, counted, remedy):
+    """One verdict entry for the table of `vocabulary` (its entry) in `file`: `counted` (copies on disk, in memory or
+    None, bytes wasted on disk) and `remedy` (the fix, or None; why none, or None: a reason drops the fix)."""
+    (on_disk, in_memory, wasted_on_disk), (fix, why_not) = counted, remedy
+    wasted_in_memory = None if in_memory is None else max(in_memory - 1, 0) * vocabulary["bytes"]
+    return {"kind": kind, "table": vocabulary["table"], "file": file, "copies_on_disk": on_disk,
+            "copies_in_memory": in_memory,
             "wasted_bytes_on_disk": wasted_on_disk, "wasted_bytes_in_memory": wasted_in_memory,
             "fix": fix if why_not is None else None, "why_not": why_not}
 
@@ -85,7 +89,7 @@ def file_verdict(info, file=None):
         widened = v["format"] if _widened(info.get("runtime_copies"), v["table"]) else None
         fix, why = (_remedies(mine, kind, widened) if mine else
                     (None, "no head reads it: the copies are onnxruntime's own"))
-        found.append(_entry(kind, v["table"], file, on_disk, held, v["bytes"], wasted, fix, why))
+        found.append(_entry(kind, v, file, (on_disk, held, wasted), (fix, why)))
     return found + _prefill(info, file)
 
 
@@ -101,8 +105,8 @@ def folder_verdict(result):
     for v in result["across"]["vocabulary"]:
         held = v["in_memory"]["defaults"]["copies"]
         if v["tie_finding"]:
-            found.append(_entry(v["tie_finding"], v["table"], v["file"], v["copies_on_disk"], held, v["bytes"],
-                                v["wasted_bytes"], None, _WHY_NOT[v["tie_finding"]]))
+            found.append(_entry(v["tie_finding"], v, v["file"], (v["copies_on_disk"], held, v["wasted_bytes"]),
+                                (None, _WHY_NOT[v["tie_finding"]])))
             continue
         kind = _kind(v["copies_on_disk"], held)
         if kind is None:
@@ -113,8 +117,7 @@ def folder_verdict(result):
         widened = v["format"] if any(_widened(it["info"].get("runtime_copies"), e["initializer"])
                                      for it, e, _ in v["members"]) else None
         fix, why = _remedies(pairs, kind, widened) if pairs and len(files) == 1 else (RETIE, None)
-        found.append(_entry(kind, v["table"], v["file"], v["copies_on_disk"], held, v["bytes"], v["wasted_bytes"],
-                            fix, why))
+        found.append(_entry(kind, v, v["file"], (v["copies_on_disk"], held, v["wasted_bytes"]), (fix, why)))
     return found + [e for it in result["items"] for e in _prefill(it["info"], it["file"])]
 
 

@@ -21,7 +21,7 @@ from runtime.inspect.retie.edits import external_sources
 from runtime.inspect.retie.rewrite import borrow
 from runtime.inspect.retie import transformersjs
 from runtime.inspect.retie import keep as keeps
-from runtime.inspect.retie.write import kept_line, planned_keeping, proven_in_place, rewritten_line, widened_note
+from runtime.inspect.retie.write import Plan, kept_line, planned_keeping, proven_in_place, rewritten_line, widened_note
 from runtime.inspect.sandbox import memory
 
 DATA = "model.data"  # the one data file OUT's models share
@@ -106,8 +106,8 @@ def proven_files(result, scratch, limits, say, logits_to_keep, held):
         if rewritten or keep:
             where = os.path.join(scratch, f"retie{i}")
             os.mkdir(where)
-            _, held[name], failures, weights, _ = proven_in_place(model, info, rewritten, sources, where, limits,
-                                                                  said, fed[name], keep=keep)
+            plan = Plan(model, info, rewritten, sources, keep)
+            _, held[name], failures, weights, _ = proven_in_place(plan, where, limits, said, fed[name])
             # a table stored anew (genai's [width, vocab] one, as "<name>_rows") counted under its old name too
             held[name].update({old: held[name][new] for *_, old, _, new in rewritten if new in held[name]})
             if failures:

@@ -1,5 +1,6 @@
 """--retie: make every duplicated head read its table in a form onnxruntime keeps as one, prove it, then write."""
 import os
+from typing import NamedTuple
 
 from onnx import TensorProto
 
@@ -20,32 +21,42 @@ from runtime.inspect.sandbox.feeds import describe
 from runtime.resident import OWNED_MOST, copies_held, prepacked_copies
 
 
-def proven(model, found, rewritten, sources, folder, limits, upstream=(), in_place=None, out=None, keep=None):
-    """Stage the rewritten model (as `out` beside it, else in `folder`), prove it (isolated) and count the copies a
+class Plan(NamedTuple):
+    """What one file's retie is to prove: the checked Model (its proto rewritten), inspect's findings of it (`found`),
+    rewrite.planned's `rewritten` and `sources`, and retie.keep.keep_last's `keep` (or None)."""
+    model: object
+    found: dict
+    rewritten: list
+    sources: dict
+    keep: dict | None = None
+
+
+def proven(plan, folder, limits, upstream=(), in_place=None, out=None):
+    """Stage `plan`'s rewritten model (as `out` beside it, else in `folder`), prove it (isolated) and count the copies a
     session would hold under onnxruntime's defaults: (the graphs.storage.Staged model, {table now: copies held},
     failures: empty when proven, the retied model's figures under the defaults where measured (a single file: `out`
     given), else None); the caller places or discards it. InspectError when the original cannot be run
     on the proof's feeds (nothing about the retie is known). `upstream`: the inputs other files of a folder make
     (proof._fed_from); `in_place`: the weights retie.branches read in place (branches.Shared, its drift set from the
-    proof), so the original is run with prepacking off and no session may prepack them; `keep`:
-    retie.keep.keep_last's, the heads that keep the last k positions (the staged model's `kept`: the proof's
-    {"exact"} then, else None)."""
+    proof), so the original is run with prepacking off and no session may prepack them; the plan's `keep` gets the
+    proof's {"exact"} as its `kept`."""
     limits.progress(f"writing the retied model beside {out}, to prove it" if out else
                     "writing the retied model to the scratch folder, to prove it")
     # checked, like everything else, in the child; proven where it is written, and placed as it was proven
-    holder = stage(model.proto, out or os.path.join(folder, "retied.onnx"), sources=sources)
+    holder = stage(plan.model.proto, out or os.path.join(folder, "retied.onnx"), sources=plan.sources)
     try:
-        held, failures, measured = _prove_staged(model, found, rewritten, holder.path, folder, limits, upstream,
-                                                 in_place, measure=out is not None, keep=keep)
+        held, failures, measured = _prove_staged(plan, holder.path, folder, limits, upstream, in_place,
+                                                 measure=out is not None)
     except BaseException:
         holder.discard()
         raise
     return holder, held, failures, measured
 
 
-def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_place, measure, keep=None):
+def _prove_staged(plan, staged, folder, limits, upstream, in_place, measure):
     """proven()'s proof and count, of the model staged at `staged`: ({table now: copies held}, failures, the
     figures of the proof's session of it under the defaults where `measure` and they stand, else None)."""
+    model, found, rewritten, _, keep = plan
     optimized = os.path.join(folder, "retied.optimized.onnx")
     finals = sorted({final for *_, final in rewritten})
     sizes = copy_sizes(model, [{"initializer": final} for final in finals])  # None: its data written too
@@ -98,14 +109,14 @@ def _prove_staged(model, found, rewritten, staged, folder, limits, upstream, in_
     return held, failures, figures if figures and answer["owned_bytes"] <= OWNED_MOST else None
 
 
-def proven_in_place(model, found, rewritten, sources, folder, limits, say, upstream=(), out=None, keep=None):
+def proven_in_place(plan, folder, limits, say, upstream=(), out=None):
     """proven(), a merged decoder's shared weights read in place first (branches.in_place); where that is not
     proven, the weights are left as they were and the rest proven alone: (staged, held, failures, the weights read
     in place (branches.Shared, empty where none), proven()'s figures)."""
     # --logits-to-keep alone leaves the weights as they are: its k = 0 is then the original as users run it, bit for bit
-    weights, undo = branches.in_place(model, found, say) if rewritten else (branches.Shared({}), lambda: None)
-    staged, held, failures, measured = proven(model, found, rewritten, sources, folder, limits, upstream, weights,
-                                              out, keep)
+    weights, undo = (branches.in_place(plan.model, plan.found, say) if plan.rewritten else
+                     (branches.Shared({}), lambda: None))
+    staged, held, failures, measured = proven(plan, folder, limits, upstream, weights, out)
     if weights and failures:
         say(f"retie: the weights its branches share are left as they are (read in place: {failures[0]})\n")
         undo()
@@ -113,8 +124,7 @@ def proven_in_place(model, found, rewritten, sources, folder, limits, say, upstr
         # apart: nothing is overwritten
         weights, alone = branches.Shared({}), os.path.join(folder, "weights_as_they_were")
         os.mkdir(alone)
-        staged, held, failures, measured = proven(model, found, rewritten, sources, alone, limits, upstream,
-                                                  out=out, keep=keep)
+        staged, held, failures, measured = proven(plan, alone, limits, upstream, out=out)
     return staged, held, failures, weights, measured
 
 
@@ -125,8 +135,8 @@ def retie(model, found, out_path, folder, limits, say, logits_to_keep=None):
     if not rewritten and not keep:
         say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
-    staged, held, failures, weights, measured = proven_in_place(model, found, rewritten, sources, folder, limits,
-                                                                say, out=out_path, keep=keep)
+    staged, held, failures, weights, measured = proven_in_place(Plan(model, found, rewritten, sources, keep), folder,
+                                                                limits, say, out=out_path)
     try:
         if failures:
             say(f"retie: {failures[0]}\n" if failures[0].startswith("failed") else
