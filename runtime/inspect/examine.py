@@ -102,8 +102,9 @@ class Examination:
         model = self.model
         if not settings:
             return {}
-        return memory.measure({"checked": model.checked}, self.rows, self.shape, self.folder, self.limits,
-                              model.file_bytes, isolated.side_by_side(model.file_bytes, len(settings)), settings)
+        part = {"checked": model.checked, "rows": self.rows, "shape": self.shape}
+        return memory.measure(part, self.folder, self.limits, model.file_bytes,
+                              isolated.side_by_side(model.file_bytes, len(settings)), settings)
 
     def _optimized_and_measured(self):
         """(optimized_version's answer, memory.measure's figures or {}). Where the first child's run fails (a model

@@ -143,8 +143,8 @@ def retie(model, found, out_path, folder, limits, say, logits_to_keep=None):
                 f"retie: not proven, nothing written: {failures[0]}\n")
             return 1
         if measured is None:  # what gained_line reports
-            measured = memory.measure({"model": staged.path}, found["rows"], found["shape"], folder, limits,
-                                      model.file_bytes, settings=["defaults"])
+            part = {"model": staged.path, "rows": found["rows"], "shape": found["shape"]}
+            measured = memory.measure(part, folder, limits, model.file_bytes, settings=["defaults"])
         else:
             measured = {"defaults": measured}
         limits.progress(f"placing {out_path}")

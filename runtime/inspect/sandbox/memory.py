@@ -5,9 +5,9 @@ from runtime.model.findings.counting import SETTINGS
 from runtime.inspect.sandbox import isolated
 
 
-def measure(model, rows, shape, folder, limits, model_bytes, side_by_side=False, settings=SETTINGS):
-    """`model`: {"checked": a Model's checked} (the user's model) or {"model": path} (one this tool wrote);
-    `settings`: those of SETTINGS to measure (all by default).
+def measure(model, folder, limits, model_bytes, side_by_side=False, settings=SETTINGS):
+    """`model`: {"checked": a Model's checked} (the user's model) or {"model": path} (one this tool wrote), with the
+    feeds' "rows" and "shape", as measure_together's parts; `settings`: those of SETTINGS to measure (all by default).
 
     {setting: {resident_bytes, anonymous_bytes, file_bytes, peak_bytes} or None, "error": why} for each of SETTINGS, each
     in a fresh isolated child, on the feeds `shape` (runtime.inspect.sandbox.feeds.plan) describes; `side_by_side`: the
@@ -15,7 +15,7 @@ def measure(model, rows, shape, folder, limits, model_bytes, side_by_side=False,
     change). None where onnxruntime refuses to run the model on the proof's feeds; a crash or time-out is an
     InspectError, like every isolated step."""
     def job(prepacking):
-        return {"kind": "measure", **model, "rows": rows, "shape": shape, "prepacking": prepacking, "folder": folder}
+        return {"kind": "measure", **model, "prepacking": prepacking, "folder": folder}
 
     why = too_large(model_bytes)
     if why:
