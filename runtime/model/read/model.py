@@ -18,16 +18,14 @@ from graphs.bodies import graph_paths, label  # noqa: F401 - how inspect names g
 from graphs.storage import (
     BITS,  # bits per element of each type that can be sized; a type not listed is a finding
 )
-from runtime.model.read import paths, wire
-from runtime.model.read.text import InspectError
+from runtime.model.read import external, paths, wire
+from runtime.model.read.text import InspectError, type_name
 
 FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE)  # the float types
 BYTE_CODES = (TensorProto.INT8, TensorProto.UINT8)  # integer codes a byte each
 CODES = BYTE_CODES + (TensorProto.INT4, TensorProto.UINT4)  # and the packed 4-bit ones
 _MAX_ELEMENTS = 2**62  # past this a product of dims is nonsense whatever the file holds
 
-
-_ORT_MEMORY_MARKER = "_ORT_MEM_ADDR_"  # onnxruntime reads such a "location" from process memory
 
 UNWRITTEN = ("", 0, 0)  # Tensor.external of a tensor whose data was never written (load(layout_only=True))
 
@@ -95,72 +93,6 @@ class Model:
         self.checked = checked
 
 
-def external_path(folder, location, name, root=None):
-    """The real path of external-data `location` (relative to `folder`) if it names a file inside `root` (default
-    `folder`; a hub snapshot's repository folder, whose data files are links into its blobs/); else InspectError."""
-    odd = [c for c in location if ord(c) < 32 or c in "\\\x7f"]
-    if not location or odd or _ORT_MEMORY_MARKER in location:
-        raise InspectError(f"initializer {name!r}: external data location {location!r} is empty or holds odd "
-                           "characters; refused")
-    if os.path.isabs(location):
-        raise InspectError(f"initializer {name!r}: external data path {location!r} is not relative to the "
-                           "model's folder; refused")
-    path = os.path.realpath(os.path.join(folder, location))
-    if not paths.inside(path, root or folder):
-        raise InspectError(f"initializer {name!r}: external data path {location!r} escapes the model's folder; "
-                           "refused")
-    return path
-
-
-def _count(value, key, name):
-    if not (value.isascii() and value.isdigit() and len(value) <= 19):
-        raise InspectError(f"initializer {name!r}: external data {key} {value!r} is not a non-negative integer")
-    return int(value)
-
-
-def _external(tensor, folder, nbytes, files, root):
-    """(path, offset, length) of an external tensor, every number checked against the file."""
-    info = {}
-    for entry in tensor.external_data:
-        if entry.key in info:
-            raise InspectError(f"initializer {tensor.name!r}: external data key {entry.key!r} given twice")
-        info[entry.key] = entry.value
-    path = external_path(folder, info.get("location", ""), tensor.name, root)
-    offset = _count(info.get("offset", "0"), "offset", tensor.name)
-    length = _count(info["length"], "length", tensor.name) if "length" in info else nbytes
-    if length != nbytes:
-        raise InspectError(f"initializer {tensor.name!r}: external data length {length} but dims "
-                           f"{list(tensor.dims)} of {_type_name(tensor)} need {nbytes} bytes")
-    if path not in files:
-        what = f"initializer {tensor.name!r}: external data {info['location']!r}"
-        stats, fd = paths.open_regular(path, root or folder, what)
-        os.close(fd)
-        files[path] = [stats, 0, set()]
-    files[path][2].add(os.path.join(folder, info["location"]))  # the name onnxruntime will open, links and all
-    size = files[path][0].st_size
-    if offset + length > size:
-        raise InspectError(f"initializer {tensor.name!r}: external data {info['location']!r} has {size} "
-                           f"bytes, the tensor needs [{offset}, {offset + length})")
-    files[path][1] += length
-    return path, offset, length
-
-
-def _not_sparse(files):
-    """Refuse a data file that declares far more tensor bytes than it holds on disk (holes read as zeros:
-    a few KiB could otherwise make onnxruntime materialise gigabytes)."""
-    for path, (info, declared, _) in files.items():
-        held = info.st_blocks * 512
-        declared = min(declared, info.st_size)  # tensors may share a range: the file holds what it is long
-        if declared > wire.SPARSE_FROM and held < declared // 2:
-            raise InspectError(f"external data {os.path.basename(path)!r} holds {held} bytes on disk but its tensors "
-                               f"declare {declared}: a sparse file; refused")
-
-
-def _type_name(tensor):
-    return TensorProto.DataType.Name(tensor.data_type) if tensor.data_type in TensorProto.DataType.values() \
-        else str(tensor.data_type)
-
-
 _TYPED = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
 
 
@@ -172,7 +104,7 @@ def check_tensor(tensor, folder, files, root=None, layout_only=False, own=None):
     tensor's inline data (Tensor.stored)."""
     what = f"initializer {tensor.name!r}"
     if tensor.data_type not in BITS:
-        raise InspectError(f"{what}: data type {_type_name(tensor)} is unknown or unsupported here")
+        raise InspectError(f"{what}: data type {type_name(tensor)} is unknown or unsupported here")
     if any(d < 0 for d in tensor.dims):
         raise InspectError(f"{what}: negative dimension in {list(tensor.dims)}")
     elements = 1
@@ -188,20 +120,20 @@ def check_tensor(tensor, folder, files, root=None, layout_only=False, own=None):
         if stored is not None:
             if stored[2] != nbytes:
                 raise InspectError(f"{what}: raw data holds {stored[2]} bytes, dims {list(tensor.dims)} of "
-                                   f"{_type_name(tensor)} need {nbytes}")
+                                   f"{type_name(tensor)} need {nbytes}")
             return Tensor(tensor, nbytes, stored=stored)
         if layout_only:
             lengths = [e.value for e in tensor.external_data if e.key == "length"]
             if lengths and lengths[0] != str(nbytes):
                 raise InspectError(f"{what}: external data length {lengths[0]} but its dims need {nbytes} bytes")
             return Tensor(tensor, nbytes, UNWRITTEN)
-        return Tensor(tensor, nbytes, _external(tensor, folder, nbytes, files, root))
+        return Tensor(tensor, nbytes, external.located(tensor, folder, nbytes, files, root))
     if tensor.data_location != TensorProto.DEFAULT:
         raise InspectError(f"{what}: unknown data_location {tensor.data_location}")
     if tensor.HasField("raw_data"):
         if len(tensor.raw_data) != nbytes:
             raise InspectError(f"{what}: raw data holds {len(tensor.raw_data)} bytes, dims {list(tensor.dims)} "
-                               f"of {_type_name(tensor)} need {nbytes}")
+                               f"of {type_name(tensor)} need {nbytes}")
         return Tensor(tensor, nbytes)
     typed = sum(len(getattr(tensor, field)) for field in _TYPED)
     if typed == 0 and elements:
@@ -213,7 +145,7 @@ def check_tensor(tensor, folder, files, root=None, layout_only=False, own=None):
             values = numpy_helper.to_array(tensor)  # small: bounded by what the file holds
         except Exception as e:  # noqa: BLE001 - any failure here is a malformed tensor
             raise InspectError(f"{what}: its data does not match dims {list(tensor.dims)} of "
-                               f"{_type_name(tensor)} ({type(e).__name__})") from None
+                               f"{type_name(tensor)} ({type(e).__name__})") from None
         if values.size != elements:
             raise InspectError(f"{what}: {values.size} values for dims {list(tensor.dims)}")
     return Tensor(tensor, nbytes)
@@ -307,7 +239,7 @@ def load(path, folder=None, data=None, root=None, layout_only=False):
             tensors[tensor.name] = checked
     bodies = {path: {t.name: checked_of[id(t)] for t in g.initializer}
               for path, parent, g in graph_paths(proto.graph) if parent is not None and len(g.initializer)}
-    _not_sparse(files)
+    external.not_sparse(files)
     identities = {name: [info.st_dev, info.st_ino, info.st_size] for info, _, names in files.values() for name in names}
     checked = {"path": os.fspath(path), "size": shell.size, "identity": shell.identity, "digest": shell.digest,
                "lazy": bool(shell.lazy), "folder": folder, "root": root, "files": dict(sorted(identities.items()))}

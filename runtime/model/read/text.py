@@ -1,5 +1,7 @@
-"""What inspect says about untrusted text: its one error type, and names made printable."""
+"""What inspect says about untrusted text: its one error type, names made printable, a tensor type named."""
 import unicodedata
+
+from onnx import TensorProto
 
 
 class InspectError(Exception):
@@ -17,3 +19,9 @@ def printable(text):
     body = text[:len(text) - len(end)]
     return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in _UNSAFE else c
                    for c in body) + end
+
+
+def type_name(tensor):
+    """A TensorProto's data type as ONNX names it (FLOAT16), or its number where ONNX names none."""
+    return TensorProto.DataType.Name(tensor.data_type) if tensor.data_type in TensorProto.DataType.values() \
+        else str(tensor.data_type)
