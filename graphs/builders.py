@@ -47,18 +47,17 @@ def _const(values, name, dtype, doc):
     return _weight(np.asarray(values, dtype=dtype), name, doc)
 
 
-def _model(graph_name, doc, nodes, inputs, outputs, weights, *, value_info, vocab, width, tied, tables, fmt, block_size):
-    """Assemble, tag and check a model; `tables` is how many vocab x width tensors it holds.
+def _model(graph, weights, layout, tied=False, tables=1):
+    """Assemble, tag and check a model of `graph` (make_graph's, no initializers) and `weights` (_weight's), its
+    table laid out as `layout`; `tables` is how many vocab x width tensors it holds.
 
     make_graph/make_model get the nodes and values only; the initializers are filled in afterwards, in place,
     since those helpers copy what they are given by serializing it, which fails for a tensor of 2 GiB or more.
     """
-    model = helper.make_model(helper.make_graph(nodes, graph_name, inputs, outputs, doc_string=doc,
-                                                value_info=value_info),
-                              opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="embedding-onnx-lab", doc_string=doc)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="embedding-onnx-lab", doc_string=graph.doc_string)
     model.ir_version = IR_VERSION
-    if any(node.domain == "com.microsoft" for node in nodes):
+    if any(node.domain == "com.microsoft" for node in graph.node):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     lengths = {}
     for name, array, dims, elem_type, weight_doc in weights:
@@ -68,23 +67,24 @@ def _model(graph_name, doc, nodes, inputs, outputs, weights, *, value_info, voca
         data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
         tensor.raw_data, lengths[name] = data, len(data)
         del data  # the protobuf holds its own copy
+    vocab, width = layout.vocab, layout.width
     helper.set_model_props(model, {
-        "graph": graph_name,
+        "graph": graph.name,
         "vocab_size": str(vocab),
         "width": str(width),
         "tied": "true" if tied else "false",
         "parameter_count": str(tables * vocab * width),  # values in vocab x width tables, shared ones once
-        "format": fmt,
-        "block_size": str(block_size or 0),
+        "format": layout.fmt,
+        "block_size": str(layout.block_size or 0),
     })
     check(model, lengths=lengths)  # the full checker, large tables stood in for by holes (graphs.storage.check)
     return model
 
 
-def _embedding(table, tied=False, fmt="float32", block_size=None, name="embedding", in_blocks=False):
-    """The table's initializers in `fmt` (graphs.precision): [embedding] or [embedding, embedding_scale]."""
-    entries = precision.initializers(table, fmt, block_size, name, in_blocks)
-    what = ("the output head, a table of its own" if name == "lm_head" else
+def _embedding(table, layout, tied=False):
+    """The table's initializers as `layout` says (graphs.precision): [embedding] or [embedding, embedding_scale]."""
+    entries = precision.initializers(table, layout.fmt, layout.block_size, layout.name, layout.in_blocks)
+    what = ("the output head, a table of its own" if layout.name == "lm_head" else
             "the embedding table" + ("; tied: also the output head's weight, through the view 'tie_view'" if tied else ""))
     return [(n, data, dims, elem_type, f"{what}: {doc}") for n, data, dims, elem_type, doc in entries]
 
@@ -93,10 +93,10 @@ def _shape_consts(consts):
     return [_const(values, name, np.int64, "a shape constant") for name, values in consts.items()]
 
 
-def _decoded(fmt, block_size, vocab, width, table="embedding"):
+def _decoded(layout):
     """(nodes, name, value_info) of the whole table as float32, for readers of every row."""
-    nodes, name = precision.table_nodes(fmt, block_size, width, table + "_float32", table)
-    return nodes, name, ([_value(name, FLOAT, [vocab, width])] if nodes else [])
+    nodes, name = precision.table_nodes(layout, layout.name + "_float32")
+    return nodes, name, ([_value(name, FLOAT, [layout.vocab, layout.width])] if nodes else [])
 
 
 IDS = ["batch", "seq"]
@@ -113,25 +113,31 @@ def _prepared(table, fmt, block_size, name="table"):
     return table.codes if stored and fmt == "float32" else table
 
 
+def _layout(table, fmt, block_size, in_blocks=False):
+    """The prepared table's precision.Layout; `in_blocks`: in the block layout where precision.blocks() allows."""
+    vocab, width = table.shape
+    in_blocks = in_blocks and precision.blocks(fmt, block_size, width)
+    return precision.Layout(fmt, block_size, vocab, width, in_blocks=in_blocks)
+
+
 def gather_lookup(table, fmt="float32", block_size=None):
     """ids [batch, seq] -> embeddings [batch, seq, width] by Gather: the lookup (the table stored in `fmt`)."""
     table = _prepared(table, fmt, block_size)
-    vocab, width = table.shape
-    in_blocks = precision.blocks(fmt, block_size, width)
-    nodes, consts, value_info = precision.lookup_nodes(fmt, block_size, width, "embeddings", in_blocks=in_blocks,
-                                                       vocab=vocab)
-    return _model(
-        "gather_lookup", "Token ids to vectors by pulling rows out of the table (Gather).", nodes,
-        [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
-        _embedding(table, fmt=fmt, block_size=block_size, in_blocks=in_blocks) + _shape_consts(consts),
-        value_info=value_info, vocab=vocab, width=width, tied=False, tables=1, fmt=fmt, block_size=block_size)
+    layout = _layout(table, fmt, block_size, in_blocks=True)
+    nodes, consts, value_info = precision.lookup_nodes(layout, "embeddings")
+    graph = helper.make_graph(nodes, "gather_lookup", [_value("ids", INT64, IDS)],
+                              [_value("embeddings", FLOAT, IDS + [layout.width])],
+                              doc_string="Token ids to vectors by pulling rows out of the table (Gather).",
+                              value_info=value_info)
+    return _model(graph, _embedding(table, layout) + _shape_consts(consts), layout)
 
 
 def onehot_lookup(table, fmt="float32", block_size=None):
     """ids -> embeddings as one_hot(ids) @ embedding: the same rows, vocab*width products per id."""
     table = _prepared(table, fmt, block_size)
+    layout = _layout(table, fmt, block_size)
     vocab, width = table.shape
-    decode, decoded, decoded_info = _decoded(fmt, block_size, vocab, width)
+    decode, decoded, decoded_info = _decoded(layout)
     nodes = decode + [
         _node("OneHot", ["ids", "depth", "off_on"], ["one_hot"], "one_hot",
               "a vocab-long row of 0.0 with 1.0 at the id; a negative id wraps, "
@@ -141,12 +147,11 @@ def onehot_lookup(table, fmt="float32", block_size=None):
     ]
     consts = [_const([vocab], "depth", np.int64, "OneHot depth: the vocabulary size"),
               _const([0.0, 1.0], "off_on", np.float32, "OneHot values: [off, on]")]
-    return _model(
-        "onehot_lookup", "Token ids to vectors by multiplying one-hot rows with the table (OneHot + MatMul).",
-        nodes, [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
-        _embedding(table, fmt=fmt, block_size=block_size) + consts,
-        value_info=decoded_info + [_value("one_hot", FLOAT, IDS + [vocab])], vocab=vocab, width=width, tied=False,
-        tables=1, fmt=fmt, block_size=block_size)
+    graph = helper.make_graph(
+        nodes, "onehot_lookup", [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
+        doc_string="Token ids to vectors by multiplying one-hot rows with the table (OneHot + MatMul).",
+        value_info=decoded_info + [_value("one_hot", FLOAT, IDS + [vocab])])
+    return _model(graph, _embedding(table, layout) + consts, layout)
 
 
 def _logits(table, head_table, tied, fmt="float32", block_size=None, accuracy_level=4):
@@ -155,21 +160,20 @@ def _logits(table, head_table, tied, fmt="float32", block_size=None, accuracy_le
     if accuracy_level not in precision.ACCURACY_LEVELS:
         raise ValueError(f"accuracy_level must be one of {precision.ACCURACY_LEVELS}, got {accuracy_level!r}")
     vocab, width = table.shape
-    in_blocks = precision.blocks(fmt, block_size, width)
-    head_name = "embedding" if tied else "lm_head"
-    lookup, lookup_consts, value_info = precision.lookup_nodes(fmt, block_size, width, "embeddings",
-                                                               in_blocks=in_blocks, vocab=vocab)
+    layout = _layout(table, fmt, block_size, in_blocks=True)
+    head_layout = layout._replace(name="embedding" if tied else "lm_head")
+    lookup, lookup_consts, value_info = precision.lookup_nodes(layout, "embeddings")
     consts = _shape_consts(lookup_consts)
     head_doc = ("logits = hidden @ embedding^T: the same table the lookup reads (weight tying)" if tied else
                 "logits = hidden @ lm_head^T: a second vocab x width table, untied from the embedding")
-    if in_blocks:  # the codes as stored, at the speed of their bytes; onnxruntime prepacks them at load
-        head = [precision.head_node(fmt, block_size, width, vocab, "hidden", "logits", head_name, accuracy_level,
+    if layout.in_blocks:  # the codes as stored, at the speed of their bytes; onnxruntime prepacks them at load
+        head = [precision.head_node(head_layout, "hidden", "logits", accuracy_level,
                                     "lm_head_tied" if tied else "lm_head",
                                     head_doc + f", from the {fmt} codes: MatMulNBits, accuracy_level {accuracy_level} ("
                                     + ("float32 products of the decoded codes" if accuracy_level == 0 else
                                        f"the hidden vector quantized to int8 per block of {block_size} too") + ")")]
     else:
-        decode, decoded, decoded_info = _decoded(fmt, block_size, vocab, width, head_name)
+        decode, decoded, decoded_info = _decoded(head_layout)
         value_info += decoded_info
         if tied and fmt == "float32":  # weight tying: the head reads the lookup's own table, through a view nothing copies
             decode, tie_consts, tie_info = unfolded_view("embedding", "hidden", [vocab, width], "tied_embedding", "tie_",
@@ -184,19 +188,18 @@ def _logits(table, head_table, tied, fmt="float32", block_size=None, accuracy_le
                                head_doc + ". transB reads it in place, so no transposed copy is made, and the "
                                "[batch, seq, vocab] logits are written straight into the output", domain="com.microsoft",
                                transB=1)]
-    initializers = _embedding(table, tied, fmt, block_size, in_blocks=in_blocks) + consts
+    initializers = _embedding(table, layout, tied) + consts
     if not tied:
-        initializers += _embedding(head_table, False, fmt, block_size, name="lm_head", in_blocks=in_blocks)
+        initializers += _embedding(head_table, head_layout)
     name = "tied_logits" if tied else "untied_logits"
     doc = ("Lookup and output head sharing one table (weight tying): one vocab x width tensor, used twice."
            if tied else "Lookup and output head with separate tables: two vocab x width tensors.")
-    model = _model(
-        name, doc, lookup + head,
-        [_value("ids", INT64, IDS), _value("hidden", FLOAT, IDS + [width])],
-        [_value("embeddings", FLOAT, IDS + [width]), _value("logits", FLOAT, IDS + [vocab])],
-        initializers, value_info=value_info, vocab=vocab, width=width, tied=tied, tables=1 if tied else 2, fmt=fmt,
-        block_size=block_size)
-    if in_blocks:
+    graph = helper.make_graph(
+        lookup + head, name, [_value("ids", INT64, IDS), _value("hidden", FLOAT, IDS + [width])],
+        [_value("embeddings", FLOAT, IDS + [width]), _value("logits", FLOAT, IDS + [vocab])], doc_string=doc,
+        value_info=value_info)
+    model = _model(graph, initializers, layout, tied=tied, tables=1 if tied else 2)
+    if layout.in_blocks:
         helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
                                        "accuracy_level": str(accuracy_level)})
     return model
@@ -225,21 +228,19 @@ def untied_logits(table, head, fmt="float32", block_size=None, accuracy_level=4)
 def scaled_lookup(table, fmt="float32", block_size=None):
     """ids -> embeddings * sqrt(width): the lookup the Transformer paper scales."""
     table = _prepared(table, fmt, block_size)
-    vocab, width = table.shape
-    in_blocks = precision.blocks(fmt, block_size, width)
-    lookup, lookup_consts, lookup_info = precision.lookup_nodes(fmt, block_size, width, "rows", in_blocks=in_blocks,
-                                                                vocab=vocab)
+    layout = _layout(table, fmt, block_size, in_blocks=True)
+    width = layout.width
+    lookup, lookup_consts, lookup_info = precision.lookup_nodes(layout, "rows")
     nodes = lookup + [
         _node("Mul", ["rows", "sqrt_width"], ["embeddings"], "scale",
               f"rows * sqrt({width}): every length grows sqrt(width) times, no direction changes"),
     ]
     scale = _const(math.sqrt(width), "sqrt_width", np.float32, f"sqrt({width}) rounded to float32")
-    return _model(
-        "scaled_lookup", "Lookup then multiply by sqrt(width).", nodes,
-        [_value("ids", INT64, IDS)], [_value("embeddings", FLOAT, IDS + [width])],
-        _embedding(table, fmt=fmt, block_size=block_size, in_blocks=in_blocks) + [scale] + _shape_consts(lookup_consts),
-        value_info=lookup_info + [_value("rows", FLOAT, IDS + [width])], vocab=vocab, width=width, tied=False,
-        tables=1, fmt=fmt, block_size=block_size)
+    graph = helper.make_graph(nodes, "scaled_lookup", [_value("ids", INT64, IDS)],
+                              [_value("embeddings", FLOAT, IDS + [width])],
+                              doc_string="Lookup then multiply by sqrt(width).",
+                              value_info=lookup_info + [_value("rows", FLOAT, IDS + [width])])
+    return _model(graph, _embedding(table, layout) + [scale] + _shape_consts(lookup_consts), layout)
 
 
 def neighbors(table, metric="cosine", fmt="float32", block_size=None):
@@ -248,9 +249,9 @@ def neighbors(table, metric="cosine", fmt="float32", block_size=None):
         raise ValueError(f"unknown metric {metric!r}: use 'cosine' or 'dot'")
     table = _prepared(table, fmt, block_size)
     vocab, width = table.shape
-    # the codes stay in ONNX INT8 / INT4 here: cosine reads every decoded row for the norms anyway
-    lookup, _, lookup_info = precision.lookup_nodes(fmt, block_size, width, "queries")
-    decode, decoded, decoded_info = _decoded(fmt, block_size, vocab, width)
+    layout = _layout(table, fmt, block_size)  # the codes stay in ONNX INT8 / INT4: cosine decodes every row anyway
+    lookup, _, lookup_info = precision.lookup_nodes(layout, "queries")
+    decode, decoded, decoded_info = _decoded(layout)
     # the table has other readers (the queries' lookup, the norms): Gemm reads it through a view nothing copies
     view, view_consts, view_info = unfolded_view(decoded, "ids", [vocab, width], "rows_to_score", "score_",
                                                  TensorProto.INT64)
@@ -288,9 +289,8 @@ def neighbors(table, metric="cosine", fmt="float32", block_size=None):
     ]
     value_info += [_value("self_mask", FLOAT, ["n", vocab]), _value("others_scores", FLOAT, ["n", vocab]),
                    _value("k_used", INT64, [1])]
-    return _model(
-        f"neighbors_{metric}", f"The k tokens nearest each query by {metric}, the query itself excluded.",
-        nodes, [_value("ids", INT64, ["n"]), _value("k", INT64, [1])],
+    graph = helper.make_graph(
+        nodes, f"neighbors_{metric}", [_value("ids", INT64, ["n"]), _value("k", INT64, [1])],
         [_value("indices", INT64, ["n", "k"]), _value("scores", FLOAT, ["n", "k"])],
-        _embedding(table, fmt=fmt, block_size=block_size) + consts, value_info=value_info, vocab=vocab, width=width,
-        tied=False, tables=1, fmt=fmt, block_size=block_size)
+        doc_string=f"The k tokens nearest each query by {metric}, the query itself excluded.", value_info=value_info)
+    return _model(graph, _embedding(table, layout) + consts, layout)

@@ -15,6 +15,7 @@ reading the same bytes, so the head reads the codes at the speed of their bytes 
 on every run (blocks(): which graphs and shapes).
 """
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -197,14 +198,25 @@ def check_graph_format(fmt, block_size, width):
         _gbq_block(width, block_size)
 
 
-def lookup_nodes(fmt, block_size, width, output, ids="ids", table="embedding", in_blocks=False, vocab=None,
-                 ids_rank=2):
+class Layout(NamedTuple):
+    """A vocab x width table as a graph holds it, for the nodes that read it: the initializer `name` (its scales
+    `name`_scale), stored in `fmt` at `block_size`; `in_blocks`: in the uint8 block layout (where blocks() allows)."""
+    fmt: str
+    block_size: int | None
+    vocab: int
+    width: int
+    name: str = "embedding"
+    in_blocks: bool = False
+
+
+def lookup_nodes(layout, output, ids="ids", ids_rank=2):
     """(nodes, constants {name: array}, value_info) reading float32 rows `output` = decoded table[ids], decoding
-    only those rows; `in_blocks`: from the uint8 block layout (vocab and the rank of `ids` needed)."""
+    only those rows; from the uint8 block layout where `layout.in_blocks` (`ids_rank`: the rank of `ids`)."""
+    fmt, block_size, width, table = layout.fmt, layout.block_size, layout.width, layout.name
     doc = ("embedding[ids]: copies one row per id, no multiplications; a negative id wraps, one >= vocab is an error "
            "(the runner refuses both first)")
-    if in_blocks:
-        return _block_lookup(fmt, block_size, width, output, ids, table, vocab, ids_rank, doc)
+    if layout.in_blocks:
+        return _block_lookup(layout, output, ids, ids_rank, doc)
     if fmt == "float32":
         return [helper.make_node("Gather", [table, ids], [output], name="lookup", doc_string=doc, axis=0)], {}, []
     if fmt == "int4":
@@ -228,8 +240,9 @@ def lookup_nodes(fmt, block_size, width, output, ids="ids", table="embedding", i
     return nodes, {}, []
 
 
-def table_nodes(fmt, block_size, width, output, table="embedding"):
+def table_nodes(layout, output):
     """(nodes, input name) giving the whole table as float32 (a head or a one-hot product reads every row)."""
+    fmt, block_size, width, table = layout.fmt, layout.block_size, layout.width, layout.name
     if fmt == "float32":
         return [], table
     if fmt in ("int8", "int4"):
@@ -241,10 +254,11 @@ def table_nodes(fmt, block_size, width, output, table="embedding"):
                              to=TensorProto.FLOAT)], output
 
 
-def _block_lookup(fmt, block_size, width, output, ids, table, vocab, ids_rank, doc):
+def _block_lookup(layout, output, ids, ids_rank, doc):
     """GatherBlockQuantized on the block layout: its 3-D codes want [vocab, blocks, 1] scales, which it reads through
     a run-time view of the [vocab, blocks] ones MatMulNBits reads (a folded Unsqueeze would be a second copy), and
     its rows come out [..., blocks, block], which one Reshape of the fetched rows makes [..., width]."""
+    fmt, block_size, vocab, width, table = layout.fmt, layout.block_size, layout.vocab, layout.width, layout.name
     scale_view, constants, value_info = unfolded_view(table + "_scale", ids, [vocab, width // block_size, 1],
                                                       "lookup_scales", "lookup_scales_", TensorProto.INT64)
     shape = "lookup_rows_shape"
@@ -262,8 +276,9 @@ def _block_lookup(fmt, block_size, width, output, ids, table, vocab, ids_rank, d
     return nodes, constants, value_info
 
 
-def head_node(fmt, block_size, width, vocab, hidden, output, table, accuracy_level, name, doc):
+def head_node(layout, hidden, output, accuracy_level, name, doc):
     """MatMulNBits scoring `hidden` [..., width] against every row of the block layout: [..., vocab] logits."""
+    table = layout.name
     return helper.make_node("MatMulNBits", [hidden, table, table + "_scale"], [output], name=name, domain="com.microsoft",
-                            K=width, N=vocab, bits=4 if fmt == "int4" else 8, block_size=block_size,
-                            accuracy_level=accuracy_level, doc_string=doc)
+                            K=layout.width, N=layout.vocab, bits=4 if layout.fmt == "int4" else 8,
+                            block_size=layout.block_size, accuracy_level=accuracy_level, doc_string=doc)
