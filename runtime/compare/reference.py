@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import sys
 from multiprocessing import resource_tracker, shared_memory
+from typing import NamedTuple
 
 import numpy as np
 
@@ -53,14 +54,23 @@ def _attach(name):
         resource_tracker.register = register
 
 
-def _table_in_worker(spec, shared, shape, stretch, factor):
-    impl = _load(spec)
+class _Source(NamedTuple):
+    """Where the second process finds the table: the reference module's spec (name, file), the shared memory's name
+    and the shape of the float64 table in it, and the row a stretch changes."""
+    spec: tuple
+    shared: str
+    shape: tuple
+    stretch: int
+
+
+def _table_in_worker(source, factor):
+    impl = _load(source.spec)
     if None not in _TABLES:
-        memory = _attach(shared)
-        _TABLES[None] = np.ndarray(shape, np.float64, memory.buf).tolist()  # float64 round-trips them exactly
+        memory = _attach(source.shared)
+        _TABLES[None] = np.ndarray(source.shape, np.float64, memory.buf).tolist()  # float64 round-trips them exactly
         memory.close()
     if factor not in _TABLES:
-        _TABLES[factor] = stretched_table(impl, _TABLES[None], stretch, factor)
+        _TABLES[factor] = stretched_table(impl, _TABLES[None], source.stretch, factor)
     return impl, _TABLES[factor]
 
 
@@ -74,8 +84,8 @@ def table_pass(impl, table, query, what, argument):
     return impl.logits(table, table[argument])
 
 
-def _pass_in_worker(spec, shared, shape, stretch, factor, query, what, argument):
-    impl, table = _table_in_worker(spec, shared, shape, stretch, factor)
+def _pass_in_worker(source, factor, query, what, argument):
+    impl, table = _table_in_worker(source, factor)
     return table_pass(impl, table, query, what, argument)
 
 
@@ -203,11 +213,11 @@ def _start_passes(self):
     top = self.factor if self.user_factor else self.lead(beat_query=True)
     if top is not None:
         work.append((("logits", top, self.config.query), top, "logits", self.config.query))
+    source = _Source(self._spec, self._shared.name, self.table64.shape, self.stretch)
     for key, factor, what, argument in work:
         if key in self._memo:
             continue
-        args = (self._spec, self._shared.name, self.table64.shape, self.stretch, factor, self.config.query, what,
-                argument)
+        args = (source, factor, self.config.query, what, argument)
         self.pool.submit(key, _pass_in_worker, args,
                          lambda f=factor, w=what, a=argument: table_pass(self.embed, self.at(f), self.config.query,
                                                                        w, a))
