@@ -1,5 +1,7 @@
 """The lab at float16, bfloat16, int8 and int4: bytes, lookups to the bit, the tied head within float32's bound of
 the decoded table, the stretch claim, and what each format does to the lab's answers (figures, not verdicts)."""
+from typing import NamedTuple
+
 import numpy as np
 
 import graphs
@@ -11,6 +13,17 @@ from runtime.resident import prepacked_copies, readers
 QUERIES = 64  # neighbour lists compared with float32's for this many query tokens
 ROWS = 4096  # past this vocabulary the reference quantizes a sample of rows (quantizing is row by row, so each
 SAMPLE = 1024  # sampled row is exactly what the whole table would give): the ids, query, stretched token, and more
+
+
+class _Format(NamedTuple):
+    """One format of --format and its block size (None: one scale a row), as the checks of that format name it."""
+    fmt: str
+    block_size: int | None
+
+    @property
+    def tag(self):
+        """The format as check names show it: "int8-b32", "float16"."""
+        return self.fmt + (f"-b{self.block_size}" if self.block_size else "")
 
 
 def reference_rows(config, reference):
@@ -52,12 +65,12 @@ def check_formats(config, reference, sessions):
     found = []
     for fmt in config.formats:
         if fmt != "float32":
-            found += _one_format(config, reference, sessions, fmt, config.block_for(fmt))
+            found += _one_format(config, reference, sessions, _Format(fmt, config.block_for(fmt)))
     return found
 
 
-def _one_format(config, reference, sessions, fmt, block_size):
-    impl, tag = reference.embed, fmt + (f"-b{block_size}" if block_size else "")
+def _one_format(config, reference, sessions, form):
+    impl, (fmt, block_size), tag = reference.embed, form, form.tag
     ids, table32 = list(config.ids), reference.table32
     picked = reference_rows(config, reference)
     at = {row: i for i, row in enumerate(picked)}
@@ -65,7 +78,7 @@ def _one_format(config, reference, sessions, fmt, block_size):
     decoded = impl.dequantize(codes, scales, fmt, block_size)  # the truth at this format, for those rows
     models = {name: sessions.model_at(name, table32, fmt, block_size)
               for name in ("gather_lookup", "onehot_lookup", "tied_logits")}
-    bytes_check, want = _bytes(config, reference, sessions, models, fmt, block_size, tag)
+    bytes_check, want = _bytes(config, reference, sessions, models, form)
     rows = [decoded[at[i]] for i in ids]
     bad = {name: differing(sessions.runner(f"{name}@{tag}", models[name]).run({"ids": [ids]})["embeddings"][0], rows)
            for name in ("gather_lookup", "onehot_lookup")}
@@ -75,19 +88,18 @@ def _one_format(config, reference, sessions, fmt, block_size):
         f"{bad['onehot_lookup']} of {len(rows) * config.width} differ)", float(any(bad.values())), 0.0,
         {"differing": bad}, claim="Gather and OneHot+MatMul rows == embed.dequantize's, bit for bit")]
     decoded64 = np.asarray(decoded, np.float64)
-    head, logits, level = _head(config, reference, sessions, models["tied_logits"], decoded64, picked, block_size, tag)
+    head, logits, level = _head(config, reference, sessions, models["tied_logits"], decoded64, picked, form)
     checks += [head, _memory(sessions, f"tied_logits@{tag}", config.vocab, want)]
     stretch = reference.stretch
-    checks.append(_stretch(config, reference, sessions, fmt, block_size, codes[at[stretch]],
-                           scales and scales[at[stretch]], tag))
-    checks += _figures(config, reference, sessions, fmt, block_size, decoded64 - reference.table64[picked], logits,
-                       level, tag)
+    checks.append(_stretch(config, reference, sessions, form, codes[at[stretch]], scales and scales[at[stretch]]))
+    checks += _figures(config, reference, sessions, form, decoded64 - reference.table64[picked], logits, level)
     return checks
 
 
-def _bytes(config, reference, sessions, models, fmt, block_size, tag):
+def _bytes(config, reference, sessions, models, form):
     """(the bytes check, table_bytes): the lookups' and tied head's initializers, and an untied head's, against
     embed.table_bytes."""
+    (fmt, block_size), tag = form, form.tag
     vocab, width, table32 = config.vocab, config.width, reference.table32
     untied = graphs.untied_logits(sessions.stored(table32, fmt, block_size),
                                   precision.store(sessions.head32(), fmt, block_size), fmt=fmt, block_size=block_size,
@@ -105,9 +117,10 @@ def _bytes(config, reference, sessions, models, fmt, block_size, tag):
                  claim=f"initializers hold {call} = {want} bytes"), want
 
 
-def _head(config, reference, sessions, model, decoded64, picked, block_size, tag):
+def _head(config, reference, sessions, model, decoded64, picked, form):
     """(the tied head's check, its logits, its MatMulNBits accuracy level or None): logits against embed.logits of
     the decoded table, within that level's bound."""
+    block_size, tag = form.block_size, form.tag
     logits = sessions.runner(f"tied_logits@{tag}", model).run(
         {"ids": [list(config.ids[:1])], "hidden": [reference.hidden]})["logits"][0]
     decoded = decoded64.tolist()
@@ -149,9 +162,10 @@ def _memory(sessions, name, vocab, want):
                  info=True, claim=claim)
 
 
-def _neighbors_at(reference, sessions, fmt, block_size, factor=None):
-    """The session of the cosine neighbors graph on the table stored in `fmt` (with the stretched row times
+def _neighbors_at(reference, sessions, form, factor=None):
+    """The session of the cosine neighbors graph on the table stored in `form` (with the stretched row times
     `factor`, if given, re-quantized alone), built once."""
+    fmt, block_size = form
     name = f"neighbors_cosine@{fmt}-{block_size}" + (f"x{factor:g}" if factor else "")
     if name not in sessions.runners:
         table = sessions.stored(reference.table32, fmt, block_size)
@@ -161,9 +175,10 @@ def _neighbors_at(reference, sessions, fmt, block_size, factor=None):
     return sessions.runners[name]
 
 
-def _stretch(config, reference, sessions, fmt, block_size, codes, scales, tag):
+def _stretch(config, reference, sessions, form, codes, scales):
     """A power-of-two stretch of one row: the stored row scales exactly (int8 / int4: the scales absorb it, the codes
     stay), so the cosine neighbor list the graph gives is unchanged. `codes`, `scales`: that row as quantized."""
+    (fmt, block_size), tag = form, form.tag
     token, factor = reference.stretch, 2.0 ** max(1, int(np.log2(reference.factor)))
     row = [v * factor for v in reference.table[token]]
     new_codes, new_scales = reference.embed.quantize([row], fmt, block_size)
@@ -171,8 +186,8 @@ def _stretch(config, reference, sessions, fmt, block_size, codes, scales, tag):
         moved = new_codes[0] != [c * factor for c in codes]
     else:
         moved = new_codes[0] != codes or new_scales[0] != [s * factor for s in scales]
-    before = _neighbors_at(reference, sessions, fmt, block_size)
-    after = _neighbors_at(reference, sessions, fmt, block_size, factor)
+    before = _neighbors_at(reference, sessions, form)
+    after = _neighbors_at(reference, sessions, form, factor)
     feeds = {"ids": [config.query], "k": [config.k]}
     a, b = before.run(feeds)["indices"][0].tolist(), after.run(feeds)["indices"][0].tolist()
     what = "codes unchanged, scales x" if scales is not None else "codes x"
@@ -185,8 +200,9 @@ def _stretch(config, reference, sessions, fmt, block_size, codes, scales, tag):
                  claim=f"row {token} x{factor:g}: {kept}; token {config.query}'s cosine list unchanged")
 
 
-def _figures(config, reference, sessions, fmt, block_size, value_errors, logits, level, tag):
+def _figures(config, reference, sessions, form, value_errors, logits, level):
     """What the format does to the lab's answers: neighbor lists against float32's, and the head's logits."""
+    (fmt, block_size), tag = form, form.tag
     rng = np.random.default_rng(config.seed & (2**64 - 1))  # any seed the table takes, negative too (as make_table)
     queries = rng.choice(config.vocab, size=min(QUERIES, config.vocab), replace=False)
     k = min(config.k, config.vocab - 1)
