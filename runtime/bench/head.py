@@ -58,20 +58,7 @@ def bench_head(sizes, counts, budget, folder):
         table = None  # the 2 GiB copy goes before the next size
         second = child("numpy_matmul", vocab, width, counts, budget, rounds)
         memory = child("head_memory", path, width, max(counts))
-        for n in counts:
-            numpy_s = min(first["seconds"][str(n)], second["seconds"][str(n)], measured[n].get("numpy", np.inf))
-            run, run_out = measured[n]["run"], measured[n]["run_out"]
-            same = measured[n].get("same_round")  # judged on these when numpy could race here
-            rows.append({"vocab": vocab, "width": width, "tokens": n, "numpy_s": numpy_s, "kernel": first["kernel"],
-                         "run_s": run, "run_out_s": run_out,
-                         "run_vs_numpy": same["run"][0] if same else run / numpy_s,
-                         "run_out_vs_numpy": same["run_out"][0] if same else run_out / numpy_s,
-                         "spread": {k: v[1] for k, v in same.items()} if same else None,
-                         "flop_per_s": 2 * n * vocab * width / run,
-                         "packed_copy_s": measured[n]["packed"], "arena_on_s": measured[n]["arena"]})
-            progress(f"tied head {vocab} x {width} N={n}: Runner.run {run * 1e3:.2f} ms, run(out=) "
-                     f"{run_out * 1e3:.2f} ms (a packed second table {measured[n]['packed'] * 1e3:.2f}, arena on "
-                     f"{measured[n]['arena'] * 1e3:.2f}), numpy ({first['kernel']}) {numpy_s * 1e3:.2f} ms")
+        rows += _rows(vocab, width, counts, first, second, measured)
         held = table_bytes + memory["logits_bytes"]
         rows[-1]["memory"] = {"grown": memory["grown"], "table_bytes": table_bytes,
                               "logits_bytes": memory["logits_bytes"], "ratio": memory["grown"] / held}
@@ -80,6 +67,27 @@ def bench_head(sizes, counts, budget, folder):
         for saved in (path, packed):
             os.remove(saved)
             os.remove(graphs.storage.data_path(saved))
+    return rows
+
+
+def _rows(vocab, width, counts, first, second, measured):
+    """The rows of one size, one per N: numpy's best of its two child runs (`first`, `second`) and of its race here,
+    Runner.run's times in `measured`, and the ratios judged."""
+    rows = []
+    for n in counts:
+        numpy_s = min(first["seconds"][str(n)], second["seconds"][str(n)], measured[n].get("numpy", np.inf))
+        run, run_out = measured[n]["run"], measured[n]["run_out"]
+        same = measured[n].get("same_round")  # judged on these when numpy could race here
+        rows.append({"vocab": vocab, "width": width, "tokens": n, "numpy_s": numpy_s, "kernel": first["kernel"],
+                     "run_s": run, "run_out_s": run_out,
+                     "run_vs_numpy": same["run"][0] if same else run / numpy_s,
+                     "run_out_vs_numpy": same["run_out"][0] if same else run_out / numpy_s,
+                     "spread": {k: v[1] for k, v in same.items()} if same else None,
+                     "flop_per_s": 2 * n * vocab * width / run,
+                     "packed_copy_s": measured[n]["packed"], "arena_on_s": measured[n]["arena"]})
+        progress(f"tied head {vocab} x {width} N={n}: Runner.run {run * 1e3:.2f} ms, run(out=) "
+                 f"{run_out * 1e3:.2f} ms (a packed second table {measured[n]['packed'] * 1e3:.2f}, arena on "
+                 f"{measured[n]['arena'] * 1e3:.2f}), numpy ({first['kernel']}) {numpy_s * 1e3:.2f} ms")
     return rows
 
 
