@@ -9,8 +9,28 @@ from runtime.bench.scale import targets as scale_targets
 
 
 def report(results):
-    lines = [f"machine: {os.cpu_count()} cores; onnxruntime {ort.__version__}, numpy {np.__version__}", "",
-             "a/b. lookups, width 768 (Gather and OneHot+MatMul through io_binding into a preallocated output)",
+    """The bench's text report: a section per measurement, then each target met or not."""
+    lines = [f"machine: {os.cpu_count()} cores; onnxruntime {ort.__version__}, numpy {np.__version__}", ""]
+    lines += _lookup_lines(results)
+    floor = results["floor"]
+    lines += _head_lines(results["head"], floor)
+    lines += _memory_lines(results["memory"])
+    if results.get("formats"):
+        lines += _format_lines(results["formats"])
+    lines += ["", "e. per-run floor (Identity on one float): run %.1f us, run_with_iobinding %.1f us"
+              % (floor["run_s"] * 1e6, floor["iobinding_s"] * 1e6)]
+    if results.get("scale"):
+        lines += ["", "f. inspect at the sizes people ship: each command's wall time and peak summed Pss of its process "
+                  "tree, as ratios to a plain session (load + one run) of the same generated model"]
+        lines += [line for figures in results["scale"] for line in scale_lines(figures)]
+    lines += ["", "targets:"]
+    lines += [f"  {'met    ' if ok else 'NOT met'}  {what}" for what, ok in targets(results)]
+    return "\n".join(lines)
+
+
+def _lookup_lines(results):
+    """a/b, b', b'': the lookups against numpy's take(out=), at every format, and int4's two ways."""
+    lines = ["a/b. lookups, width 768 (Gather and OneHot+MatMul through io_binding into a preallocated output)",
              f"{'V':>8} {'n':>6} {'take us':>9} {'Gather us':>10} {'Gather/take':>12} {'OneHot ms':>10} "
              f"{'OneHot/Gather':>14} {'n*V*D mults':>14}"]
     for r in results["lookups"]:
@@ -35,16 +55,20 @@ def report(results):
             kept = "GatherBlockQuantized" if r["gbq_s"] <= r["packed_rows_s"] else "packed rows"
             lines.append(f"{r['tokens']:>6} ids: {r['gbq_s'] * 1e6:>7.0f} us against {r['packed_rows_s'] * 1e6:>7.0f} us "
                          f"({r['packed_rows_vs_gbq']:.2f}x), same bits: {r['same_bits']}; faster: {kept}")
-    floor = results["floor"]
-    lines += ["", "c. the tied head through Runner.run (the default path, and with out= buffers) against numpy's best "
-              "2-D matmul on the same table, numpy in a child process with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE "
-              "unset and, where they are unset here too, raced in the same rounds (run/numpy and out=/numpy: the median "
-              "of the same-round ratios, their spread in the targets); the last two columns (ms) show where the time goes, each at a price in memory: the head reading a "
-              "second, prepacked copy of the table (the untied graph on the same values), and the tied model with the "
-              f"arena on; per-run floor: run {floor['run_s'] * 1e6:.0f} us, io_binding {floor['iobinding_s'] * 1e6:.0f} us",
-              f"{'V x D':>14} {'N':>5} {'numpy ms':>9} {'kernel':>9} {'run ms':>8} {'run/numpy':>10} "
-              f"{'out= ms':>8} {'out=/numpy':>11} {'GFLOP/s':>8} {'packed copy':>11} {'arena on':>9}"]
-    for r in results["head"]:
+    return lines
+
+
+def _head_lines(rows, floor):
+    """c: the tied head through Runner.run against numpy, a row per size and N, and why where it is slower."""
+    lines = ["", "c. the tied head through Runner.run (the default path, and with out= buffers) against numpy's best "
+             "2-D matmul on the same table, numpy in a child process with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE "
+             "unset and, where they are unset here too, raced in the same rounds (run/numpy and out=/numpy: the median "
+             "of the same-round ratios, their spread in the targets); the last two columns (ms) show where the time goes, each at a price in memory: the head reading a "
+             "second, prepacked copy of the table (the untied graph on the same values), and the tied model with the "
+             f"arena on; per-run floor: run {floor['run_s'] * 1e6:.0f} us, io_binding {floor['iobinding_s'] * 1e6:.0f} us",
+             f"{'V x D':>14} {'N':>5} {'numpy ms':>9} {'kernel':>9} {'run ms':>8} {'run/numpy':>10} "
+             f"{'out= ms':>8} {'out=/numpy':>11} {'GFLOP/s':>8} {'packed copy':>11} {'arena on':>9}"]
+    for r in rows:
         lines.append(f"{r['vocab']:>7} x {r['width']:<4} {r['tokens']:>5} {r['numpy_s'] * 1e3:>9.2f} {r['kernel']:>9} "
                      f"{r['run_s'] * 1e3:>8.2f} {r['run_vs_numpy']:>10.2f} {r['run_out_s'] * 1e3:>8.2f} "
                      f"{r['run_out_vs_numpy']:>11.2f} {r['flop_per_s'] / 1e9:>8.1f} {r['packed_copy_s'] * 1e3:>11.2f} "
@@ -56,41 +80,42 @@ def report(results):
             m = r["memory"]
             lines.append(f"{'':>14} resident after N={r['tokens']} runs: {m['grown'] / 2**20:.0f} MiB = {m['ratio']:.2f}x "
                          f"(table {m['table_bytes'] / 2**20:.0f} MiB + logits returned {m['logits_bytes'] / 2**20:.0f} MiB)")
-    lines += ["", "d. resident memory a session adds, per table byte (fresh process each; first run: 64 tokens)",
-              f"{'V x D':>14} {'head':>7} {'file':>9} {'arena':>6} {'at start':>9} {'after run':>10} {'target':>7}"]
-    for r in results["memory"]:
+    return lines
+
+
+def _memory_lines(rows):
+    """d: resident memory a session adds, per table byte."""
+    lines = ["", "d. resident memory a session adds, per table byte (fresh process each; first run: 64 tokens)",
+             f"{'V x D':>14} {'head':>7} {'file':>9} {'arena':>6} {'at start':>9} {'after run':>10} {'target':>7}"]
+    for r in rows:
         verdict = "met" if r["after_first_run"] <= r["target"] else "NOT met"
         verdict = f"({'within' if verdict == 'met' else 'over'}; shown for the arena's price)" if r["arena"] else verdict
         lines.append(f"{r['vocab']:>7} x {r['width']:<4} {'tied' if r['tied'] else 'untied':>7} "
                      f"{'external' if r['external'] else 'inline':>9} {'on' if r['arena'] else 'off':>6} "
                      f"{r['at_start']:>8.2f}x {r['after_first_run']:>9.2f}x {'<= %.2fx' % r['target']:>9} {verdict}")
-    if results.get("formats"):
-        rate = results["formats"][0]["bandwidth"]
-        lines += ["", "d'. the memory meeting: the tied head at every format (int8 / int4: blocks of 32, MatMulNBits at "
-                  "accuracy_level 4), resident after a one-token run under onnxruntime's defaults (fresh process each), "
-                  "time per token and per 64-token prompt raced in the same rounds, the byte floor = table_bytes / "
-                  f"{rate / 1e9:.1f} GB/s (a streaming read measured in this run), accuracy against numpy's float32 head",
-                  f"{'V x D':>14} {'format':>9} {'table MiB':>9} {'resident':>9} {'anon/file MiB':>14} {'ms/token':>9} "
-                  f"{'vs f32':>7} {'vs floor':>9} {'ms/64':>8} {'vs f32':>7} {'top-8':>6} {'logit err':>10}"]
-        for r in results["formats"]:
-            name = r["format"] + ("*" if r.get("variant") else "")
-            lines.append(f"{r['vocab']:>7} x {r['width']:<4} {name:>9} {r['table_bytes'] / 2**20:>9.1f} "
-                         f"{r['times_table']:>8.2f}x {r['anonymous_bytes'] / 2**20:>6.0f}/{r['file_bytes'] / 2**20:<7.0f} "
-                         f"{r['token_s'] * 1e3:>9.2f} {r['token_vs_float32']:>6.2f}x {r['token_vs_floor']:>8.2f}x "
-                         f"{r['prompt_s'] * 1e3:>8.1f} {r['prompt_vs_float32']:>6.2f}x {r['top8_overlap']:>6.1%} "
-                         f"{r['logit_error']:>10.3g}")
-        variants = dict.fromkeys((r["format"], r["variant"]) for r in results["formats"] if r.get("variant"))
-        lines += [f"  * {fmt} with {variant}: no float32 copy made at load; the whole table is decoded on every run"
-                  for fmt, variant in variants]
-    lines += ["", "e. per-run floor (Identity on one float): run %.1f us, run_with_iobinding %.1f us"
-              % (floor["run_s"] * 1e6, floor["iobinding_s"] * 1e6)]
-    if results.get("scale"):
-        lines += ["", "f. inspect at the sizes people ship: each command's wall time and peak summed Pss of its process "
-                  "tree, as ratios to a plain session (load + one run) of the same generated model"]
-        lines += [line for figures in results["scale"] for line in scale_lines(figures)]
-    lines += ["", "targets:"]
-    lines += [f"  {'met    ' if ok else 'NOT met'}  {what}" for what, ok in targets(results)]
-    return "\n".join(lines)
+    return lines
+
+
+def _format_lines(rows):
+    """d': the tied head at every format: bytes resident, time, accuracy."""
+    rate = rows[0]["bandwidth"]
+    lines = ["", "d'. the memory meeting: the tied head at every format (int8 / int4: blocks of 32, MatMulNBits at "
+             "accuracy_level 4), resident after a one-token run under onnxruntime's defaults (fresh process each), "
+             "time per token and per 64-token prompt raced in the same rounds, the byte floor = table_bytes / "
+             f"{rate / 1e9:.1f} GB/s (a streaming read measured in this run), accuracy against numpy's float32 head",
+             f"{'V x D':>14} {'format':>9} {'table MiB':>9} {'resident':>9} {'anon/file MiB':>14} {'ms/token':>9} "
+             f"{'vs f32':>7} {'vs floor':>9} {'ms/64':>8} {'vs f32':>7} {'top-8':>6} {'logit err':>10}"]
+    for r in rows:
+        name = r["format"] + ("*" if r.get("variant") else "")
+        lines.append(f"{r['vocab']:>7} x {r['width']:<4} {name:>9} {r['table_bytes'] / 2**20:>9.1f} "
+                     f"{r['times_table']:>8.2f}x {r['anonymous_bytes'] / 2**20:>6.0f}/{r['file_bytes'] / 2**20:<7.0f} "
+                     f"{r['token_s'] * 1e3:>9.2f} {r['token_vs_float32']:>6.2f}x {r['token_vs_floor']:>8.2f}x "
+                     f"{r['prompt_s'] * 1e3:>8.1f} {r['prompt_vs_float32']:>6.2f}x {r['top8_overlap']:>6.1%} "
+                     f"{r['logit_error']:>10.3g}")
+    variants = dict.fromkeys((r["format"], r["variant"]) for r in rows if r.get("variant"))
+    lines += [f"  * {fmt} with {variant}: no float32 copy made at load; the whole table is decoded on every run"
+              for fmt, variant in variants]
+    return lines
 
 
 def _why(r):
