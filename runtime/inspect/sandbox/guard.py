@@ -76,8 +76,8 @@ def supervise(work, timeout, scratch, staging, prog, out=None):
     `timeout`: seconds for the whole command (the worker raises TimedOut at the deadline and is killed GRACE
     seconds later); `scratch`: a folder removed when the worker ends however it ends; `staging`: the folder where
     the worker stages outputs as `.saving-<pid>-*` (graphs.storage.save) and `.sidecar-<pid>-*`, removed too if
-    the worker dies, with whatever it had linked into place from them; `out`: the output it may place (absent when
-    this starts), so a line about a killed worker says whether it is there. A worker killed by a signal ends the
+    the worker dies or fails, with whatever it had linked into place from them; `out`: the output it may place
+    (absent when this starts), so a line about a killed worker says whether it is there. A worker killed by a signal ends the
     command with one line on stderr (`prog: error: ...`) and status 2, or 128 + the signal this process was sent.
     """
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
@@ -89,8 +89,8 @@ def supervise(work, timeout, scratch, staging, prog, out=None):
             signal.signal(signal.SIGCHLD, reaping)
             _worker(work, timeout, mask, prog)
         status, sent = _wait(pid, time.monotonic() + timeout + GRACE)
-        if status is None or not os.WIFEXITED(status):
-            _remove_staged(staging, pid)
+        if status is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status):
+            _remove_staged(staging, pid)  # a worker that unwound can be stopped inside its own clean-up too
         if _ended_by_signal(status):  # the command ends with it: another on its way (a second Ctrl-C) changes nothing
             for sig in _ENDING:
                 signal.signal(sig, signal.SIG_IGN)
