@@ -4,6 +4,7 @@ import collections
 import contextlib
 import gc
 import math
+import os
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -14,6 +15,7 @@ from graphs.storage import BITS
 Resident = collections.namedtuple("Resident", "rss anonymous file")
 
 OWNED_MOST = 2**20  # what writing an optimized model's layout may hold (owned_bytes) beside a session measured
+MAPPED_ALONE = 32 * 2**20  # glibc's malloc gives an allocation this large its own mapping, unmapped when freed
 
 
 def _kib(path, keys):
@@ -71,8 +73,8 @@ def session_growth(path, feeds, prepacking=True, disabled_optimizers=(), data_fo
     session also writes its optimized model's layout there as it opens (runner.data_thrown_away); it then holds
     owned_bytes() more, which the caller must find small for the figures to stand. `keep`: a list the session is
     appended to, for a caller that runs it on (otherwise it is let go)."""
-    return sessions_growth([(path, data_folder, feeds)], prepacking, disabled_optimizers, measure=resident,
-                           layout=layout, keep=keep)
+    return sessions_growth([(path, data_folder, feeds, layout)], prepacking, disabled_optimizers, measure=resident,
+                           keep=keep)
 
 
 def made(original, layout):
@@ -86,19 +88,35 @@ def owned_bytes(original, layout):
     """The bytes a session that wrote the optimized model `layout` (a ModelProto) holds once more for having written
     it: those of the tensors onnxruntime holds in its own memory, as `layout` lists them, namely each it made
     (made()) and each `original` stores inline. Tensors `original` stores as external data are mapped, and written
-    from where they lie."""
+    from where they lie. Under glibc a tensor of MAPPED_ALONE bytes or more is not counted: its serialized copy is
+    an allocation past malloc's largest mmap threshold (mallopt(3): 32 MiB on 64-bit), mapped for it alone and
+    given back when freed, so the session holds nothing more for it once written (measured: onnxruntime-genai's
+    SmolLM2 fp32, whose 108 MiB folded transposed head is such a tensor, added 633.4 MiB with its layout written as
+    it opened, 627.5 MiB without)."""
     external = {(path, t.name) for path, _, g in graph_paths(original.graph) for t in g.initializer
                 if t.data_location == TensorProto.EXTERNAL}
-    return sum((math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8
-               for path, _, g in graph_paths(layout.graph) for t in g.initializer if (path, t.name) not in external)
+    sizes = [(math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8
+             for path, _, g in graph_paths(layout.graph) for t in g.initializer if (path, t.name) not in external]
+    return sum(size for size in sizes if size < MAPPED_ALONE or not _mapped_alone())
 
 
-def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=proportional, layout=None, keep=None):
+def _mapped_alone():
+    """Whether this process's malloc maps each allocation of MAPPED_ALONE bytes or more on its own (glibc's, unless
+    MALLOC_MMAP_MAX_=0 turned its mmap off)."""
+    try:
+        glibc = os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    except (ValueError, OSError):
+        glibc = False
+    return glibc and os.environ.get("MALLOC_MMAP_MAX_", "").strip() != "0"
+
+
+def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=proportional, keep=None):
     """{resident_bytes, anonymous_bytes, file_bytes, peak_bytes}: what sessions on every model of `models` [(path or
-    serialized model, data folder or None, feeds)], all held at once in this process as a client holds them, add
-    after one run each, as `measure` reads it (Pss by default: pages two sessions map count once), and the most
-    resident memory (RSS) they added at any moment on the way (None where Linux does not say); for a fresh process,
-    like session_growth."""
+    serialized model, data folder or None, feeds[, layout])], all held at once in this process as a client holds
+    them, add after one run each, as `measure` reads it (Pss by default: pages two sessions map count once), and the
+    most resident memory (RSS) they added at any moment on the way (None where Linux does not say); for a fresh
+    process, like session_growth. A model given a layout path (not None) writes its optimized model's layout there
+    as its session opens (session_growth's `layout`)."""
     import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
 
     from runtime.runner import data_thrown_away, read_data_from, writing
@@ -106,7 +124,8 @@ def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=pro
     gc.collect()
     before, peaks = measure(), _reset_peak()
     sessions = []
-    for model, data_folder, feeds in models:
+    for model, data_folder, feeds, *written in models:
+        layout = written[0] if written else None
         settings = read_data_from(options(prepacking), data_folder)
         with data_thrown_away(layout) if layout else contextlib.nullcontext():
             sessions.append(ort.InferenceSession(model, writing(settings, layout) if layout else settings,

@@ -13,7 +13,7 @@ from runtime.model.graph.weights import shared_weights
 from runtime.model.read import paths
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
-from runtime.inspect.sandbox import feeds, isolated, memory
+from runtime.inspect.sandbox import feeds, isolated, jobs, memory
 from runtime.resident import OWNED_MOST, prepacked_copies, unscoped
 
 
@@ -31,9 +31,11 @@ def inspect_model(path, folder, limits=None, proof_past=None, static=False, meas
     return start(path, folder, limits, proof_past, measure, root).finish()
 
 
-def start(path, folder, limits=None, proof_past=None, measure=DEFAULTS, root=None):
-    """inspect_model begun (an Examination): the file read, the optimizing child started, the tables related."""
-    return Examination(path, folder, limits, proof_past, measure, root)
+def start(path, folder, limits=None, proof_past=None, measure=DEFAULTS, root=None, child=True):
+    """inspect_model begun (an Examination): the file read, the optimizing child started, the tables related.
+    `child`: False reads the file alone (a folder's files, measured together in one child that also writes their
+    layouts: examine_folder); relate() and begin() or finish(answer) then follow."""
+    return Examination(path, folder, limits, proof_past, measure, root, child)
 
 
 def _read(path, limits, root):
@@ -56,7 +58,7 @@ class Examination:
     memory (resident.owned_bytes: inline or folded tensors); where that is more than resident.OWNED_MOST the
     figures would show it, and a fresh child measures the defaults again."""
 
-    def __init__(self, path, folder, limits=None, proof_past=None, measure=DEFAULTS, root=None):
+    def __init__(self, path, folder, limits=None, proof_past=None, measure=DEFAULTS, root=None, child=True):
         self.limits = limits = limits or isolated.Limits()
         self.model = model = _read(path, limits, root)
         self.shape = feeds.plan(model.proto, model.path, proof_past)
@@ -69,33 +71,64 @@ class Examination:
         # one child measures the defaults and writes the layout (one session, or, where the model holds its tensors
         # inline, a second one from its shell once the first is measured: child._measure)
         self.merged = "defaults" in self.settings and not memory.too_large(model.file_bytes)
-        self.job = {"kind": "optimize", "checked": model.checked, "out": os.path.join(folder, "optimized.onnx"),
-                    "folder": folder, "sizes": copy_sizes(model, self.watched)}
+        self.out, self.sizes = os.path.join(folder, "optimized.onnx"), copy_sizes(model, self.watched)
+        self.job = jobs.optimize({"checked": model.checked}, self.out, folder, self.sizes)
+        self.first, self.pairs = None, None
+        if child:
+            self.begin()
+            self.relate()
+
+    def part(self):
+        """This file as a part of a folder's measure_together job, its session writing its layout at self.out."""
+        return {"checked": self.model.checked, "rows": self.rows, "shape": self.shape, "layout": self.out,
+                "sizes": self.sizes}
+
+    def begin(self):
+        """Start the first child: measure the defaults and write the layout where self.merged, else the layout."""
+        model, limits = self.model, self.limits
         if self.merged:
             self.first = isolated.start(
-                {**self.job, "kind": "measure", "layout": self.job["out"], "rows": self.rows, "shape": self.shape,
-                 "prepacking": True}, "running it once (defaults), writing its optimized model's layout", limits,
-                model.file_bytes)
+                jobs.measure({"checked": model.checked}, self.folder, self.rows, self.shape, layout=self.out,
+                             sizes=self.sizes),
+                "running it once (defaults), writing its optimized model's layout", limits, model.file_bytes)
         else:
             self.first = isolated.start(self.job, "building its optimized model", limits, model.file_bytes)
-        try:  # the child loads while this process relates
-            limits.progress(f"relating {len(self.tables)} table(s) and {len(self.heads)} head(s): a digest of each")
-            self.pairs = relate(model, self.tables, self.heads)
+
+    def relate(self):
+        """Relate the tables and heads (while a child loads the model); the child stopped if that fails."""
+        try:
+            self.limits.progress(f"relating {len(self.tables)} table(s) and {len(self.heads)} head(s): a digest of "
+                                 "each")
+            self.pairs = relate(self.model, self.tables, self.heads)
         except BaseException:
-            self.first.stop()
+            self.stop()
             raise
 
     def stop(self):
         """End the first child now if it still runs."""
-        self.first.stop()
-
-    def finish(self):
-        """inspect_model's dict (the child stopped on the way out, whatever happens)."""
-        try:
-            optimized, measured = self._optimized_and_measured()
-        finally:
+        if self.first is not None:
             self.first.stop()
+
+    def finish(self, answer=None):
+        """inspect_model's dict (the child stopped on the way out, whatever happens). `answer`: what a folder's
+        measure_together child said of this file's layout (its "layouts" entry): no child of its own is waited for,
+        and nothing is measured here."""
+        try:
+            optimized, measured = self._optimized_and_measured() if answer is None else (self._data(answer), {})
+        finally:
+            self.stop()
         return found(self, optimized, measured)
+
+    def _data(self, answer):
+        """`answer` (an optimize child's, or a measuring child's that wrote the layout), or, where the layout shows a
+        tensor of a table's size onnxruntime made, the optimized model built again with its data, whose values are
+        then compared."""
+        if not answer["data"] or answer.get("written"):
+            return answer
+        os.remove(self.out)
+        self.first = isolated.start(jobs.optimize({"checked": self.model.checked}, self.out, self.folder),
+                                    "building its optimized model", self.limits, self.model.file_bytes)
+        return optimized_version(self.first, self.model.path)
 
     def _measured(self, settings):
         """memory.measure's figures under `settings`, side by side where the machine has the cores and memory."""
@@ -132,12 +165,8 @@ class Examination:
         if not again:
             measured["defaults"] = {k: answer[k] for k in ("resident_bytes", "anonymous_bytes", "file_bytes",
                                                           "peak_bytes")}
-        if answer["data"]:  # a tensor of a table's size made: its values are compared, so written in full
-            os.remove(self.job["out"])
-            self.first = isolated.start({**self.job, "sizes": None}, "building its optimized model", limits,
-                                        model.file_bytes)
-            answer = optimized_version(self.first, model.path)
-        return answer, {**measured, **self._measured(again + [s for s in self.settings if s != "defaults"])}
+        others = [s for s in self.settings if s != "defaults"]
+        return self._data(answer), {**measured, **self._measured(again + others)}
 
 
 def optimized_version(optimizing, path):
@@ -154,7 +183,7 @@ def found(exam, answer, measured):
     and what onnxruntime's optimized model (at its job's out, its child's `answer`: optimized_version's) and the
     measurements show. Only the tables and the heads that can hold their values are watched for copies."""
     model, tables, heads, pairs, rows, shape = exam.model, exam.tables, exam.heads, exam.pairs, exam.rows, exam.shape
-    optimized_path = exam.job["out"]
+    optimized_path = exam.out
     optimized = load(optimized_path, os.path.dirname(optimized_path), layout_only=not answer.get("data", True))
     version = answer["onnxruntime"]
     prepacked = prepacked_copies(optimized.proto)

@@ -1,27 +1,42 @@
 """A model is a folder: each file the client loads examined, then the files related and measured together; a
 transformers.js folder is one such folder per dtype variant."""
 import os
+import shutil
 
 from runtime.inspect import examine
 from runtime.model.findings import counting
-from runtime.model.findings.counting import DEFAULTS
+from runtime.model.findings.counting import DEFAULTS, SETTINGS
 from runtime.model.findings.across import config_tie, held_together, relate_files, tie_finding
 from runtime.model.read import paths as read_paths
 from runtime.model.read.layout import client_files, variants
-from runtime.inspect.sandbox import isolated, memory
+from runtime.inspect.sandbox import isolated, jobs, memory
+from runtime.resident import OWNED_MOST
 
 
 def _examined(folder, files, scratch, limits, proof_past, settings):
     """([{file, model, info}], what one process holding every session measured): each file examined (examine), its
-    session not measured alone; the files' optimized models built side by side where the machine has the cores and
-    the memory, then the sessions measured together, alone: a child mapping the same files (or onnxruntime's
-    library) meanwhile would change the Pss measured."""
+    session not measured alone. Where the defaults are measured, one child opens every file's session as the client
+    does, each writing its optimized model's layout as it opens, and measures them together (Pss) while this process
+    relates the files (_measured_with_layouts); otherwise (or where onnxruntime refuses that run) the files'
+    optimized models are built side by side where the machine has the cores and the memory, then the sessions
+    measured together, alone: a child mapping the same files (or onnxruntime's library) meanwhile would change the
+    Pss measured."""
     where = [os.path.join(scratch, f"file{i}") for i in range(len(files))]
     for path in where:
         os.mkdir(path)
     paths = [os.path.join(folder, name) for name in files]
     root = read_paths.root_of(folder)  # each file must still lie there when it is opened
-    total = sum(os.path.getsize(p) for p in paths)
+    together = os.path.join(scratch, "together")
+    os.mkdir(together)
+    exams = [examine.start(p, w, limits, proof_past, measure=(), root=root, child=False) for p, w in zip(paths, where)]
+    total = sum(e.model.file_bytes for e in exams)  # their data files' too
+    if "defaults" in settings and not memory.too_large(total):
+        found = _measured_with_layouts(exams, together, limits, total, settings)
+        if found is not None:
+            return _items(files, found[0]), found[1]
+        for path in where:  # what that child wrote, gone before each file is built and measured in turn
+            shutil.rmtree(path)
+            os.mkdir(path)
     if isolated.side_by_side(total, len(paths)):
         started = []
         try:
@@ -33,10 +48,43 @@ def _examined(folder, files, scratch, limits, proof_past, settings):
                 s.stop()
     else:
         infos = [examine.inspect_model(p, w, limits, proof_past, measure=(), root=root) for p, w in zip(paths, where)]
-    together = os.path.join(scratch, "together")
-    os.mkdir(together)
     parts = [{"checked": i["model"].checked, "rows": i["rows"], "shape": i["shape"]} for i in infos if i["rows"]]
     return _items(files, infos), memory.measure_together(parts, together, limits, total, settings) if parts else {}
+
+
+def _measured_with_layouts(exams, together, limits, total, settings):
+    """([each Examination's inspect_model dict], the measured figures) from one measure_together child that also
+    writes the layouts of the files it runs (those with a table; the others get an optimizing child each, beside
+    it), the files related meanwhile; None where onnxruntime refuses that run, so that the caller builds and
+    measures each file in turn and reports the failure as it would. The defaults are measured again, without
+    layouts, where writing one held more than resident.OWNED_MOST; the other settings in `settings` after."""
+    runs = [e for e in exams if e.rows]
+    child = isolated.start(jobs.measure_together([e.part() for e in runs], together, SETTINGS["defaults"]),
+                           "running every file once in one process (defaults), writing their optimized models' "
+                           "layouts", limits, total)
+    try:
+        for e in exams:
+            if not e.rows:
+                e.begin()
+        for e in exams:
+            e.relate()
+        try:
+            answer = child.result()
+        except isolated.StepFailed:
+            return None
+        layouts = dict(zip(map(id, runs), answer.pop("layouts")))
+        infos = [e.finish(layouts.get(id(e))) if e.rows else e.finish() for e in exams]
+    finally:
+        child.stop()
+        for e in exams:
+            e.stop()
+    again = ["defaults"] if any(a["owned_bytes"] > OWNED_MOST for a in layouts.values()) else []
+    measured = {} if again else {"defaults": answer}
+    rest = again + [s for s in settings if s != "defaults"]
+    if rest:
+        parts = [{"checked": e.model.checked, "rows": e.rows, "shape": e.shape} for e in runs]
+        measured.update(memory.measure_together(parts, together, limits, total, rest))
+    return infos, measured
 
 
 def _items(files, infos):

@@ -86,7 +86,7 @@ def test_progress_shows_on_a_terminal_only(tmp_path):
     out = process.communicate(timeout=300)[0]
     os.close(master)
     assert process.returncode == 0 and b"vocabulary:" in out
-    assert b"\r[" in seen and b"building its optimized model" in seen and seen.endswith(b"\r")  # cleared at the end
+    assert b"\r[" in seen and b"in a child: running it once" in seen and seen.endswith(b"\r")  # cleared at the end
     assert run_inspect(path).stderr == ""  # not a terminal: silent
 
 

@@ -385,3 +385,5 @@ def test_a_change_in_bytes_or_memory_reads_as_its_sign_says():
     _say_memory([dict(was, bytes=2**20)], {"defaults": figures(0.4), "no_prepacking": figures(0.3)}, said.append)
     assert said[1].endswith("was -1.7: the largest table, 1.0 MiB, is too small to show in it (copies counted "
                             "below)\n") and "+-" not in said[1]
+    _say_memory([was], {"defaults": figures(0.4)}, said.append)  # --retie measures the defaults alone
+    assert said[2].endswith("+0.4 MiB Pss after a run of each (was -1.7)\n")

@@ -28,7 +28,7 @@ from runtime.model.read import checked as read_checked
 from runtime.model.read.model import load
 from runtime.inspect.retie import rewrite, rules
 from runtime.inspect.retie.write import retie
-from runtime.inspect.sandbox import agree, feeds, isolated
+from runtime.inspect.sandbox import agree, feeds, isolated, jobs
 from runtime.inspect.sandbox.feeds import feeds_for
 from runtime.resident import prepacked_copies
 from runtime.runner import optimized_model
@@ -462,8 +462,7 @@ def test_a_model_changed_during_the_proof_is_changed_not_refused(tmp_path):
     checked = model.checked
     with open(source, "ab") as f:
         f.write(b"\0")  # rewritten after the check
-    job = {"kind": "prove", "before": str(source), "checked": checked, "after": str(source), "rewritten": [],
-           "rows": {"ids": V}, "folder": str(tmp_path), "shape": {"lengths": [1]}}
+    job = jobs.prove(jobs.Proof(str(source), checked, str(source), [], {"ids": V}, {"lengths": [1]}), str(tmp_path))
     with pytest.raises(read_checked.Changed, match="changed after it was checked"):
         isolated.call(job, "proving the retied model", isolated.Limits(60), 1 << 20)
 

@@ -219,10 +219,7 @@ def test_a_hang_up_leaves_nothing_behind(tmp_path):
                                env=dict(os.environ, TMPDIR=str(scratch)), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGHUP,
                                                                                                    signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while not os.listdir(scratch) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
+    under_way(scratch)  # a fixed half second's sleep let the one-child inspect finish first, exit 0
     process.send_signal(signal.SIGHUP)
     err = process.communicate(timeout=120)[1]
     assert process.returncode == 129 and "SIGHUP" in err and err.count("\n") == 1, err
@@ -230,8 +227,8 @@ def test_a_hang_up_leaves_nothing_behind(tmp_path):
 
 
 def under_way(scratch, most=60):
-    """Wait until inspect's first onnxruntime child has its job: the work is under way, two more children to come
-    (a fixed second's sleep once let the leaner inspect finish first, exit 0)."""
+    """Wait until inspect's first onnxruntime child has its job: the work is under way, that child's answer still to
+    come (a fixed second's sleep once let the leaner inspect finish first, exit 0)."""
     deadline = time.monotonic() + most
     while not glob.glob(os.path.join(scratch, "*", "*job.json")) and time.monotonic() < deadline:  # a folder may go
         time.sleep(0.01)

@@ -18,7 +18,7 @@ from runtime.model.findings.copies import runtime_copies
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie.rewrite import planned
-from runtime.inspect.sandbox import isolated, proof
+from runtime.inspect.sandbox import isolated, jobs, proof
 from runtime.resident import made, owned_bytes, prepacked_copies, resident
 from runtime.runner import write_optimized_layout
 from tests.helpers import transposed_head
@@ -127,9 +127,8 @@ def test_the_proof_opens_one_session_a_model_for_every_feed_set(tmp_path, monkey
     model = found["model"]
     rewritten, sources = planned(model, found, lambda line: None)
     staged = stage(model.proto, tmp_path / "out.onnx", sources=sources)
-    job = json.loads(json.dumps({  # as the child gets it
-        "kind": "prove", "before": path, "checked": model.checked, "after": staged.path, "rewritten": rewritten,
-        "rows": found["rows"], "folder": str(scratch), "shape": found["shape"], "upstream": [], "in_place": False}))
+    job = json.loads(json.dumps(jobs.prove(  # as the child gets it
+        jobs.Proof(path, model.checked, staged.path, rewritten, found["rows"], found["shape"]), str(scratch))))
     opened = []
 
     class Counted(proof.Runner):

@@ -12,7 +12,7 @@ from graphs.together import save_together
 from runtime.bounds import NARROW
 from runtime.model.findings import counting
 from runtime.model.findings.across import disk_bytes
-from runtime.model.findings.counting import human, times
+from runtime.model.findings.counting import DEFAULTS, human, times
 from runtime.model.findings.relations import stored_as_table
 from runtime.model.read import sidecars
 from runtime.model.read.layout import transformersjs_root
@@ -85,7 +85,7 @@ def measured_again(result, out, held, scratch, limits, say, after):
     place = placed(result)
     parts = [{"model": os.path.join(out, place[it["file"]]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
              for it in result["items"] if it["info"]["rows"]]
-    measured = memory.measure_together(parts, scratch, limits, after) if parts else {}
+    measured = memory.measure_together(parts, scratch, limits, after, DEFAULTS) if parts else {}
     _say_memory(result["across"]["vocabulary"], measured, say)
     for line in _outcomes(result, out, held, place, per_file=transformersjs_root(result["folder"]) is not None):
         say(line)
@@ -109,7 +109,7 @@ def proven_files(result, scratch, limits, say, logits_to_keep, held):
             plan = Plan(model, info, rewritten, sources, keep)
             _, held[name], failures, weights, _ = proven_in_place(plan, where, limits, said, fed[name])
             # a table stored anew (genai's [width, vocab] one, as "<name>_rows") counted under its old name too
-            held[name].update({old: held[name][new] for *_, old, _, new in rewritten if new in held[name]})
+            held[name].update({r.table: held[name][r.now] for r in rewritten if r.now in held[name]})
             if failures:
                 say(f"retie: {name}: " + (failures[0] if failures[0].startswith("failed") else
                                           f"not proven, nothing written: {failures[0]}") + "\n")
@@ -117,7 +117,7 @@ def proven_files(result, scratch, limits, say, logits_to_keep, held):
             if rewritten:
                 say(rewritten_line(rewritten, model, info["shape"], f"{name}: ", fed[name], weights))
             if keep:
-                say(kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(h for _, h, *_ in rewritten)))
+                say(kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(r.hidden for r in rewritten)))
             changed += 1
         else:  # as it is, its external tensors read from their files as they are written
             sources = external_sources(model)
@@ -212,8 +212,8 @@ def _why_not_borrowed(table, head):
 
 
 def _say_memory(vocabulary, measured, say):
-    """One line: the Pss one process holding every session grew by, before and after; then each table held more
-    than once before."""
+    """One line: the Pss one process holding every session grew by, before and after (and with prepacking off,
+    where that was measured); then each table held more than once before."""
     on, off = measured.get("defaults"), measured.get("no_prepacking")
     was = next((v["in_memory"]["defaults"] for v in vocabulary), None)
     if on is None or was is None or was["resident_bytes"] is None:
@@ -226,8 +226,8 @@ def _say_memory(vocabulary, measured, say):
             f"{human(largest)}, is too small to show in it (copies counted below)\n")
         return
     say(f"retie: in one process holding every session, under onnxruntime's default SessionOptions: "
-        f"{on['resident_bytes'] / 2**20:+.1f} MiB Pss after a run of each (was {was['resident_bytes'] / 2**20:+.1f}; "
-        f"{off['resident_bytes'] / 2**20:.1f} with {counting.NO_PREPACKING})\n")
+        f"{on['resident_bytes'] / 2**20:+.1f} MiB Pss after a run of each (was {was['resident_bytes'] / 2**20:+.1f}"
+        + (f"; {off['resident_bytes'] / 2**20:.1f} with {counting.NO_PREPACKING}" if off else "") + ")\n")
 
 
 

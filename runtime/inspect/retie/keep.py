@@ -13,6 +13,7 @@ from runtime.model.graph.ops import KEEPS_RANK, MATMULS
 from runtime.model.graph.quantized import attribute
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import const, unique_name
+from runtime.inspect.sandbox.jobs import KeptHead
 
 _SLICED_HEADS = tuple(op for op, facts in MATMULS.items() if facts.sliceable)
 
@@ -96,9 +97,8 @@ def keep_last(model, info, default):
     """Add input KEEP (its default `default`, 0 or 1) to `model.proto` and slice the hidden state each logits head
     reads (main graph, or each If branch of a merged decoder) to its last k positions; each logits output declares
     the default's positions (_positions). InspectError where why_not says it cannot. Returns {"input",
-    "outputs": the logits outputs, "heads": {head output: [hidden as the original names it, head initializer,
-    whether stored [vocab, width], float32 or not, _nbits' or None]}, "renamed": {sliced name: hidden}}, for the
-    proof."""
+    "outputs": the logits outputs, "heads": {head output: sandbox.jobs.KeptHead}, "renamed": {sliced name:
+    hidden}}, for the proof."""
     why = why_not(model, info)
     if why:
         raise InspectError(f"--logits-to-keep: {why}")
@@ -129,7 +129,7 @@ def keep_last(model, info, default):
         quantized = head["format"] != "float32" or "quant" in head
         # what the head makes of [batch, sequence, width] rows: a head --retie made, its Reshape back to them
         made = retied[3].output[0] if retied else node.output[0]
-        heads[made] = [hidden, head["initializer"], bool(head["as_table"]), not quantized, _nbits(head)]
+        heads[made] = KeptHead(hidden, head["initializer"], bool(head["as_table"]), not quantized, _nbits(head))
         outputs.add(main_output(model, head))
         if body is not graph:
             _positions(body, head["scores"], None)  # a branch's: as the If's output is declared, and no more

@@ -8,6 +8,7 @@ from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import const, drop_dead, external_sources, shell, unique_name, view_of
 from runtime.inspect.retie.packed import gather_head_codes, gather_packed_in_place
 from runtime.inspect.retie.rules import remedy
+from runtime.inspect.sandbox.jobs import Rewritten
 
 
 def rewrite(model, pairs):
@@ -16,8 +17,7 @@ def rewrite(model, pairs):
     table it shares, or one reading it through a Transpose (which onnxruntime folds into a copy), becomes
     Gemm(transB=1) on the table's run-time view (a OneHot product's lookup reads that view too), and a table
     stored [width, vocab] (onnxruntime-genai's shared embeddings) is stored once the other way round.
-    Returns ([(head output, hidden input, table as the original stores it, whether transposed there, the table's
-    name now)], {name: array} of the data of every external or new initializer, views on the model's files that
+    Returns ([sandbox.jobs.Rewritten], {name: array} of the data of every external or new initializer, views on the model's files that
     graphs.save writes in chunks: no table is loaded whole; external Constant values and subgraph initializers are
     read into the model, edits.inline_nested)."""
     graph = model.proto.graph
@@ -29,11 +29,11 @@ def rewrite(model, pairs):
         if how == "packed_shared" and id(table["node"]) not in done:
             done.add(id(table["node"]))
             if gather_packed_in_place(graph, model, table):
-                rewritten.append((None, None, table["initializer"], False, table["initializer"]))
+                rewritten.append(Rewritten(None, None, table["initializer"], False, table["initializer"]))
         elif how == "packed_duplicate" and id(table["node"]) not in done:
             done.add(id(table["node"]))
             if gather_head_codes(graph, model, table, head):
-                rewritten.append((None, None, table["initializer"], False, head["initializer"]))
+                rewritten.append(Rewritten(None, None, table["initializer"], False, head["initializer"]))
         elif how == "view" and id(head["node"]) not in done:
             done.add(id(head["node"]))
             name, flipped = table["initializer"], table["flips"] % 2 == 1
@@ -47,8 +47,9 @@ def rewrite(model, pairs):
                 table["node"].input[1] = view_of(table["body"], model, table["node"], name, lookup_ids(table),
                                                [table["vocab"], table["width"]])
             # in the head's own graph (an If branch reads the table and the view's constants from outside)
-            rewritten.append(_gemm_head(head["body"], model, head["node"], name, (table["vocab"], table["width"]),
-                                        cast_to(head)) + (table["initializer"], flipped, name))
+            rewritten.append(Rewritten(*_gemm_head(head["body"], model, head["node"], name,
+                                                   (table["vocab"], table["width"]), cast_to(head)),
+                                       table["initializer"], flipped, name))
     drop_dead(graph)
     kept = {t.name for t in graph.initializer}
     return rewritten, {name: array for name, array in sources.items() if name in kept}
@@ -119,7 +120,7 @@ def borrow(model, sources, head, owner, table):
     entry = _gemm_head(head["body"], model, head["node"], name, (table["vocab"], table["width"]), cast_to(head))
     drop_dead(graph)
     sources.pop(head["initializer"], None)
-    return entry + (head["initializer"], not stored_as_table(head), name)
+    return Rewritten(*entry, head["initializer"], not stored_as_table(head), name)
 
 
 def planned(model, found, say):

@@ -16,7 +16,7 @@ from runtime.model.read.text import InspectError
 from runtime.inspect.retie import branches
 from runtime.inspect.retie.keep import keep_last
 from runtime.inspect.retie.rewrite import planned
-from runtime.inspect.sandbox import isolated, memory
+from runtime.inspect.sandbox import isolated, jobs, memory
 from runtime.inspect.sandbox.feeds import describe
 from runtime.resident import OWNED_MOST, copies_held, prepacked_copies
 
@@ -58,14 +58,14 @@ def _prove_staged(plan, staged, folder, limits, upstream, in_place, measure):
     figures of the proof's session of it under the defaults where `measure` and they stand, else None)."""
     model, found, rewritten, _, keep = plan
     optimized = os.path.join(folder, "retied.optimized.onnx")
-    finals = sorted({final for *_, final in rewritten})
+    finals = sorted({r.now for r in rewritten})
     sizes = copy_sizes(model, [{"initializer": final} for final in finals])  # None: its data written too
     renamed = keep["renamed"] if keep else {}  # the hidden state a head reads, as the original names it
-    job = {"kind": "prove", "before": os.path.abspath(model.path), "checked": model.checked, "after": staged,
-           "rewritten": [(out, renamed.get(hidden, hidden), *rest) for out, hidden, *rest in rewritten],
-           "rows": found["rows"], "folder": folder, "shape": found["shape"],
-           "upstream": list(upstream), "in_place": bool(in_place), "layout": optimized, "sizes": sizes,
-           "measure": measure, "keep": keep and {k: keep[k] for k in ("input", "outputs", "heads")}}
+    job = jobs.prove(jobs.Proof(
+        os.path.abspath(model.path), model.checked, staged, [r._replace(hidden=renamed.get(r.hidden, r.hidden))
+                                                             for r in rewritten],
+        found["rows"], found["shape"], list(upstream), bool(in_place), optimized, sizes, measure,
+        keep and {k: keep[k] for k in ("input", "outputs", "heads")}), folder)
     try:  # the proof's session of the retied model writes its optimized model's layout: no load of its own
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
@@ -78,9 +78,9 @@ def _prove_staged(plan, staged, folder, limits, upstream, in_place, measure):
             in_place.heads = answer.get("heads")
         if keep is not None:
             keep["kept"] = answer.get("kept")
-        if answer["data"]:  # a tensor of a table's size made: written again with its data, to be compared
+        if answer["data"] and not answer.get("written"):  # a tensor of a table's size made: its data to compare
             os.remove(optimized)
-            isolated.call({"kind": "optimize", "model": staged, "out": optimized, "folder": folder},
+            isolated.call(jobs.optimize({"model": staged}, optimized, folder),
                           "optimizing the retied model", limits, model.file_bytes)
     except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
         return {}, [f"failed, nothing written: {e}"], None
@@ -92,7 +92,7 @@ def _prove_staged(plan, staged, folder, limits, upstream, in_place, measure):
         failures.append(f"onnxruntime still prepacks {packed[0]}, a weight read in place")
     before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
     held = {}
-    for table, original in {final: original for _, _, original, _, final in rewritten}.items():
+    for table, original in {r.now: r.table for r in rewritten}.items():
         mine = [c for c in copies if c.get("copy_of") == table and c["bytes"] >= retied.tensors[table].nbytes]
         # the CPU provider's float32 widening of a float16 / bfloat16 head's weight is held, and counted, but no
         # rewrite that keeps the table in its format removes it (verdict.why_not_widened)
@@ -156,9 +156,9 @@ def retie(model, found, out_path, folder, limits, say, logits_to_keep=None):
     if rewritten:
         say(rewritten_line(rewritten, model, found["shape"], weights=weights))
     if keep:
-        say(kept_line(keep, logits_to_keep, found["shape"], retied=any(h for _, h, *_ in rewritten)))
+        say(kept_line(keep, logits_to_keep, found["shape"], retied=any(r.hidden for r in rewritten)))
     was = {v["table"]: v for v in found["vocabulary"]}
-    for table, original in {final: original for _, _, original, _, final in rewritten}.items():
+    for table, original in {r.now: r.table for r in rewritten}.items():
         say(gained_line(table, held[table], was.get(original), measured.get("defaults"),
                         stored_copies(found["pairs"], original)[0]))
     saved = model.file_bytes - size
@@ -184,7 +184,7 @@ def kept_line(keep, default, shape, where="", retied=False):
     """The line that says what --logits-to-keep added and what its proof found; `retied`: a head was retied in the
     same run (its logits then within their bound at k = 0 too)."""
     exact = (keep.get("kept") or {}).get("exact")
-    nbits = any(how for *_, how in keep["heads"].values())
+    nbits = any(h.nbits for h in keep["heads"].values())
     narrow = [f for f in (keep.get("kept") or {}).get("formats", []) if f in NARROW]
     last = ("bit for bit (the kernel computes each row alike)" if exact else
             "within MatMulNBits' bound at its accuracy level" if nbits else
@@ -199,8 +199,8 @@ def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):
     """The line that says what a proven retie of `model` rewrote and on which feeds (feeds.plan's `shape`; `fed`:
     the inputs another file made, retie_folder.upstream; `weights`: branches.in_place's, the shared weights read in
     place); `where`: the file's name and ': ', in a folder."""
-    kept = ", ".join(sorted({final for *_, final in rewritten}))
-    heads = sum(hidden is not None for _, hidden, *_ in rewritten)
+    kept = ", ".join(sorted({r.now for r in rewritten}))
+    heads = sum(r.hidden is not None for r in rewritten)
     lookups = len(rewritten) - heads
     changed = [f"{heads} head{'s' if heads != 1 else ''} now a Gemm on its run-time view"] if heads else []
     changed += [f"{lookups} lookup{'s' if lookups != 1 else ''} now reading the head's codes"] if lookups else []

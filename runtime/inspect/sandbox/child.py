@@ -93,24 +93,66 @@ def _measure(job):
     layout = _proto(job["layout"])
     return {**figures, "onnxruntime": onnxruntime.__version__,
             "owned_bytes": owned_bytes(proto, layout) if owned is None else owned,
-            "data": _copies_to_compare(proto, layout, job.get("sizes"))}
+            **_data_written(job["layout"], (shell, shell_folder), proto, layout, job.get("sizes"))}
+
+
+def _data_written(path, shell, proto, layout, sizes):
+    """{"data": whether the optimized model `layout` (written at `path`) holds a tensor onnxruntime made of one of
+    `sizes` elements (_copies_to_compare), "written": whether its data was then written there too}: where it does,
+    the optimized model is written again at `path` with its data, from the model's shell (shell, its folder), in a
+    session of its own once the one measured is let go: no child of its own, one process start fewer."""
+    from runtime.resident import let_go
+    from runtime.runner import write_optimized_model
+    if not _copies_to_compare(proto, layout, sizes):
+        return {"data": False, "written": False}
+    let_go()
+    os.remove(path)
+    write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
+    return {"data": True, "written": True}
 
 
 def _measure_together(job):
-    """What sessions on every file of a folder add when one process holds them all (Pss), after one run each."""
+    """What sessions on every file of a folder add when one process holds them all (Pss), after one run each. Where
+    the parts name a "layout", each file's optimized model's layout is written there too, and the answer's "layouts"
+    says for each part what its optimize job would ("onnxruntime", "data") and "owned_bytes", as _measure's does: a
+    file whose large tensors are external data writes it in the session measured (one load for both), one that holds
+    them inline from its shell in a session of its own once every session measured is let go."""
+    import onnxruntime
+
     from runtime.inspect.sandbox.feeds import first_feeds
-    from runtime.resident import sessions_growth
-    models = []
+    from runtime.resident import OWNED_MOST, let_go, owned_bytes, sessions_growth
+    from runtime.runner import write_optimized_layout
+    models, protos, shells, later = [], [], [], []
     for part in job["files"]:
-        (model, folder), _, proto = _model(part)
-        models.append((model, folder, first_feeds(proto, part["rows"], part["shape"])))
-        del proto
-    return sessions_growth(models, job["prepacking"])
+        (model, folder), shell, proto = _model(part)
+        layout = part.get("layout")
+        inline = layout and "checked" in part and (isinstance(model, str) or len(shell[0]) > OWNED_MOST)
+        models.append((model, folder, first_feeds(proto, part["rows"], part["shape"]), None if inline else layout))
+        protos.append(proto if layout else None)
+        shells.append(shell)
+        later += [(shell, layout)] if inline else []
+    figures = sessions_growth(models, job["prepacking"])
+    if not any(part.get("layout") for part in job["files"]):
+        return figures
+    let_go()  # the sessions measured: gone before a layout's own session opens
+    for (shell, shell_folder), layout in later:
+        write_optimized_layout(shell, layout, data_folder=shell_folder)
+    written = {layout for _, layout in later}
+    layouts = []
+    for part, proto, shell in zip(job["files"], protos, shells):
+        if proto is None:
+            layouts.append(None)
+            continue
+        layout = _proto(part["layout"])
+        owned = 0 if part["layout"] in written else owned_bytes(proto, layout)
+        layouts.append({"onnxruntime": onnxruntime.__version__, "owned_bytes": owned,
+                        **_data_written(part["layout"], shell, proto, layout, part["sizes"])})
+    return {**figures, "layouts": layouts}
 
 
 def _prove(job):
     """The proof's failures and, where the retied model's session wrote its optimized model's layout, whether that
-    layout holds a tensor of job["sizes"] elements it did not (its data must then be written to be compared), the
+    layout holds a tensor of job["sizes"] elements it did not (its data then written there too, to be compared), the
     session's figures where job["measure"], the bytes writing the layout held (resident.owned_bytes), and where the
     weights are read in place how far the other outputs lie from the original's under the defaults (proof._drift)."""
     from runtime.inspect.sandbox.proof import OriginalFails, prove
@@ -123,8 +165,8 @@ def _prove(job):
     if not job.get("layout"):
         return answer
     retied, layout = _proto(job["after"]), _proto(job["layout"])
-    return {**answer, "data": _copies_to_compare(retied, layout, job.get("sizes")), "measured": proven.figures,
-            "owned_bytes": owned_bytes(retied, layout)}
+    return {**answer, "measured": proven.figures, "owned_bytes": owned_bytes(retied, layout),
+            **_data_written(job["layout"], (job["after"], None), retied, layout, job.get("sizes"))}
 
 
 def _prefill(job):

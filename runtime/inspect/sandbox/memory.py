@@ -2,7 +2,7 @@
 ones included, which no initializer of the optimized model shows) and with prepacking off, counted from the
 optimized model and measured in the isolated child after one run."""
 from runtime.model.findings.counting import SETTINGS
-from runtime.inspect.sandbox import isolated
+from runtime.inspect.sandbox import isolated, jobs
 
 
 def measure(model, folder, limits, model_bytes, side_by_side=False, settings=SETTINGS):
@@ -14,17 +14,15 @@ def measure(model, folder, limits, model_bytes, side_by_side=False, settings=SET
     children run at once (each measures its own resident set, which another process mapping the same file does not
     change). None where onnxruntime refuses to run the model on the proof's feeds; a crash or time-out is an
     InspectError, like every isolated step."""
-    def job(prepacking):
-        return {"kind": "measure", **model, "prepacking": prepacking, "folder": folder}
-
     why = too_large(model_bytes)
     if why:
         return {**{setting: None for setting in settings}, "error": why}
     measured, running = {}, {}
+    source = {k: model[k] for k in ("checked", "model") if k in model}
     try:
         for setting in settings:
-            prepacking = SETTINGS[setting]
-            running[setting] = isolated.start(job(prepacking), f"running it once ({setting})", limits, model_bytes)
+            job = jobs.measure(source, folder, model["rows"], model["shape"], SETTINGS[setting])
+            running[setting] = isolated.start(job, f"running it once ({setting})", limits, model_bytes)
             if not side_by_side:
                 _collect(measured, setting, running.pop(setting))
         for setting, child in running.items():
@@ -63,7 +61,7 @@ def measure_together(parts, folder, limits, model_bytes, settings=tuple(SETTINGS
         return {**{setting: None for setting in settings}, "error": why}
     measured = {}
     for setting in settings:
-        job = {"kind": "measure_together", "files": parts, "prepacking": SETTINGS[setting], "folder": folder}
+        job = jobs.measure_together(parts, folder, SETTINGS[setting])
         _collect(measured, setting, isolated.start(job, f"running every file once in one process ({setting})",
                                                    limits, model_bytes))  # one after the other: Pss is shared
     return measured

@@ -12,6 +12,7 @@ from runtime.model.read.model import load
 from runtime.inspect.sandbox import agree
 from runtime.inspect.sandbox.exposed import with_outputs
 from runtime.inspect.sandbox.feeds import NoFeeds, describe, shaped_feeds, steps
+from runtime.inspect.sandbox.jobs import kept_heads_of, rewritten_of
 from runtime.resident import session_growth
 from runtime.runner import Runner, layout_session
 
@@ -53,7 +54,7 @@ class Proven(NamedTuple):
 
 
 def prove(job):
-    """Proven for job {before, checked (its Model's), after, rewritten: [[output, hidden, table, transposed, now]],
+    """Proven for a prove job (jobs.prove: before, checked (its Model's), after, rewritten: [jobs.Rewritten],
     rows, shape (feeds.plan), folder, in_place (retie.branches read the weights in place: the original is run with
     prepacking off, as its kernels then read them, and once more under the defaults for _drift), keep (retie.keep's:
     the retied model is run at k = 0, every output then the original's, and at k = 1, the logits then the
@@ -65,11 +66,12 @@ def prove(job):
     checked = source(job["checked"])
     folder = checked.folder
     before = load(job["before"], folder, data=checked.shell)  # its large tensors read where they lie: its shell
-    flipped = {table: transposed for _, _, table, transposed, _ in job["rewritten"]}
+    rewritten = rewritten_of(job["rewritten"])
+    flipped = {r.table: r.transposed for r in rewritten}
     tables = {name: before.tensors[name].values().T if transposed else before.tensors[name].values()
               for name, transposed in flipped.items()}  # each [vocab, width], memory-mapped
-    hidden_names = sorted({hidden for _, hidden, *_ in job["rewritten"] if hidden})  # None: no head rewritten
-    head_of = {output: (hidden, table) for output, hidden, table, *_ in job["rewritten"] if output}
+    hidden_names = sorted({r.hidden for r in rewritten if r.hidden})  # None: no head rewritten
+    head_of = {r.output: (r.hidden, r.table) for r in rewritten if r.output}
     chains = agree.chains(before, head_of)
     watched = hidden_names + sorted(h for h in head_of if h not in {o.name for o in before.proto.graph.output})
     feed_sets = _feed_sets(job, before)
@@ -77,10 +79,10 @@ def prove(job):
     # one session of each model, run on every feed set in turn: one load each, one held at a time. The retied model
     # first, as it was staged, nothing shown: its session also writes its optimized model's layout (the copies it
     # holds) and, with job["measure"], is measured after its first run, in this process still fresh
-    keep = job.get("keep")
+    keep = job.get("keep") and {**job["keep"], "heads": kept_heads_of(job["keep"]["heads"])}
     kept_heads, nbits = _kept_heads(keep, before, tables) if keep else ({}, {})
     if keep:  # the heads that keep the last k positions: their hidden vectors shown, their tables read for a bound
-        watched = sorted(set(watched) | {h for h, *_ in keep["heads"].values()} |
+        watched = sorted(set(watched) | {h.hidden for h in keep["heads"].values()} |
                          {o for o in keep["heads"] if o not in {v.name for v in before.proto.graph.output}})
     try:
         session, figures = _retied(job, feeds_only[0])
@@ -132,12 +134,12 @@ def _kept_heads(keep, before, tables):
     """({output: (hidden, table)} of the float heads that keep the last k positions, {output: (hidden, table, how)}
     of the MatMulNBits ones, bounded against their decoded table; any other quantized head bit for bit); each float
     head's table added to `tables`, [vocab, width]."""
-    kept_heads = {out: (hidden, table) for out, (hidden, table, _, float_head, _) in keep["heads"].items()
-                  if float_head}
-    nbits = {out: (hidden, table, how) for out, (hidden, table, _, _, how) in keep["heads"].items() if how}
-    for hidden, table, as_table, float_head, _ in keep["heads"].values():
-        if float_head and table not in tables:
-            tables[table] = before.tensors[table].values() if as_table else before.tensors[table].values().T
+    kept_heads = {out: (h.hidden, h.initializer) for out, h in keep["heads"].items() if h.float_head}
+    nbits = {out: (h.hidden, h.initializer, h.nbits) for out, h in keep["heads"].items() if h.nbits}
+    for h in keep["heads"].values():
+        if h.float_head and h.initializer not in tables:
+            values = before.tensors[h.initializer].values()
+            tables[h.initializer] = values if h.as_table else values.T
     return kept_heads, nbits
 
 

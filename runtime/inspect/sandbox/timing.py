@@ -9,7 +9,7 @@ import os
 
 from runtime.model.graph.ops import PROFILED_MATMULS
 from runtime.model.read.text import InspectError
-from runtime.inspect.sandbox import isolated
+from runtime.inspect.sandbox import isolated, jobs
 
 MOST_FLOPS = 10**12  # multiply-adds x 2 of the prefill (its head, or every weight once a token) past which no run is
 # made: ~10 s on this 2-core machine
@@ -40,8 +40,8 @@ def time_prefill(model, info, folder, limits):
             p["timing"] = {"why": f"not timed: a {tokens}-token prefill needs about {need / isolated.GiB:.1f} GiB, "
                                   f"{available / isolated.GiB:.1f} GiB is available now"}
         return
-    job = {"kind": "prefill", "checked": model.checked, "rows": info["rows"], "shape": info["shape"],
-           "tokens": tokens, "vocab": sorted({p["vocab_size"] for p in found}), "folder": folder}
+    vocab = sorted({p["vocab_size"] for p in found})
+    job = jobs.prefill(model.checked, folder, info["rows"], info["shape"], tokens, vocab)
     seconds = min(MOST_SECONDS, limits.remaining() / 3)
     own = isolated.Limits(seconds, limits.memory, limits.progress)
     try:  # its own share of the command's time: a prefill too slow to time leaves the rest theirs

@@ -1,0 +1,91 @@
+"""The jobs the isolated child runs (runtime.inspect.sandbox.child), each made by one constructor here, and the
+typed records that cross the process boundary with them.
+
+A job is a JSON object: what the parent writes is what the child reads, so each kind's fields are named once, in
+its constructor. A record (a NamedTuple) is written as a JSON list and made again in the child with `of(...)`.
+"""
+from typing import NamedTuple
+
+
+class Rewritten(NamedTuple):
+    """One head (or lookup) --retie rewrote: the head's output and the hidden input it multiplies (None for a
+    lookup that now reads the head's codes), the table as the original stores it, whether stored transposed there,
+    and the name of the one tensor that holds it now."""
+    output: str | None
+    hidden: str | None
+    table: str
+    transposed: bool
+    now: str
+
+
+class KeptHead(NamedTuple):
+    """A logits head --logits-to-keep slices before: the hidden state as the original names it, the head's
+    initializer, whether that is stored [vocab, width], whether the head is a float head (bounded against its
+    table), and for a MatMulNBits head what its bound needs (retie.keep._nbits), else None."""
+    hidden: str
+    initializer: str
+    as_table: bool
+    float_head: bool
+    nbits: dict | None
+
+
+def rewritten_of(entries):
+    """[Rewritten] from a job's JSON lists."""
+    return [Rewritten(*e) for e in entries]
+
+
+def kept_heads_of(heads):
+    """{output: KeptHead} from a job's JSON lists."""
+    return {out: KeptHead(*h) for out, h in heads.items()}
+
+
+def optimize(source, out, folder, sizes=None):
+    """Build onnxruntime's optimized model of `source` ({"checked": a Model's checked} for the user's file, or
+    {"model": path} for one this tool wrote) at `out`; `sizes`: the element counts whose copies are looked for
+    (only the layout is written unless the optimizer makes a tensor of one of them), None: the data too."""
+    return {"kind": "optimize", **source, "out": out, "folder": folder, "sizes": sizes}
+
+
+def measure(source, folder, rows, shape, prepacking=True, layout=None, sizes=None):
+    """Measure what a session of `source` (as optimize's) adds after one run on the decoder feeds `rows` and
+    `shape` (feeds.plan) describe, with prepacking on or off; with `layout`, the session also writes its optimized
+    model's layout there (and `sizes` says, as optimize's, when the data must be written too)."""
+    job = {"kind": "measure", **source, "folder": folder, "rows": rows, "shape": shape, "prepacking": prepacking}
+    return job if layout is None else {**job, "layout": layout, "sizes": sizes}
+
+
+def measure_together(parts, folder, prepacking):
+    """Measure every file of a folder in one process (Pss): `parts` [{"checked", "rows", "shape"}]."""
+    return {"kind": "measure_together", "files": parts, "folder": folder, "prepacking": prepacking}
+
+
+def prefill(checked, folder, rows, shape, tokens, vocab):
+    """Time one profiled prefill of `tokens` prompt tokens of the checked model (sandbox.timing); `vocab`: the
+    logits heads' vocabulary sizes."""
+    return {"kind": "prefill", "checked": checked, "folder": folder, "rows": rows, "shape": shape, "tokens": tokens,
+            "vocab": vocab}
+
+
+class Proof(NamedTuple):
+    """What a prove job proves: the original (its path, its Model's checked), the staged retied model `after`, the
+    [Rewritten] heads, the feeds' rows and shape, and how: `upstream` (the inputs other files of a folder make),
+    `in_place` (weights read in place: the original is run with prepacking off), `layout` (where the retied
+    model's session writes its optimized model's layout) with `sizes`, `measure` (measure that session), and
+    `keep` ({"input", "outputs", "heads": {output: KeptHead}} or None)."""
+    before: str
+    checked: dict
+    after: str
+    rewritten: list
+    rows: dict
+    shape: dict
+    upstream: list = []
+    in_place: bool = False
+    layout: str | None = None
+    sizes: list | None = None
+    measure: bool = False
+    keep: dict | None = None
+
+
+def prove(proof, folder):
+    """The prove job for `proof` (a Proof), its scratch files in `folder`."""
+    return {"kind": "prove", "folder": folder, **proof._asdict()}
