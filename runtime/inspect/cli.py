@@ -9,20 +9,14 @@ import tempfile
 import graphs
 from embed import Terminated, UsageError, raise_on_sigterm, run_cli
 from runtime.inspect import answer, usage
-from runtime.inspect.examine import inspect_model
-from runtime.inspect.examine_folder import inspect_folder, inspect_variants
-from runtime.model.findings.counting import measured_settings
-from runtime.model.findings.prefill import all_positions
-from runtime.model.read.layout import client_files, variants
+from runtime.inspect.analysis import analyse
+from runtime.model.read.layout import client_files
 from runtime.model.read.text import InspectError, printable
-from runtime.inspect.report import (as_json, folder_json, folder_report, report, variants_json, variants_report,
-                                    variants_verdict)
+from runtime.inspect.report import as_json, folder_json, folder_report, report, variants_json, variants_report
 from runtime.inspect.retie.folder import retie_folder
 from runtime.inspect.retie.variants import retie_variants
-from runtime.inspect.sandbox.timing import time_prefill
 from runtime.inspect.retie.write import retie
 from runtime.inspect.sandbox import guard, isolated
-from runtime.inspect.verdict import file_verdict, folder_verdict
 from runtime.progress import Progress
 
 
@@ -174,22 +168,13 @@ def _work(args, prog, folder):
     limits = isolated.Limits(args.timeout, memory, progress, guard.committing)
     said = _Held(sys.stderr) if args.json else sys.stdout  # a retie's lines: stdout holds the report, or the JSON
     try:
-        if os.path.isdir(args.model):
-            return _folder(args, folder, limits, said, progress)
-        info = inspect_model(args.model, folder, limits, args.proof_past, args.static,
-                             measured_settings(args.verbose))
-        _prefill(info, info["model"], args, folder, limits)
+        analysis = analyse(args, folder, limits)
         progress.done()
-        say = _writer(said, progress)
-        if args.json:  # json.dumps escapes every control and non-ASCII character itself
-            sys.stdout.write(json.dumps(as_json(info, args.model), indent=2) + "\n")
-        else:
-            report(info, args.model, sys.stdout, args.verbose)
+        _render(analysis, args)
         if args.retie is None:
-            return _checked(args, file_verdict(info, args.model))
+            return _checked(args, analysis.verdict)
         try:
-            return _released(said, retie(info["model"], info, args.retie, folder, limits, say,
-                                             args.logits_to_keep))
+            return _released(said, _retie(analysis, args, folder, limits, _writer(said, progress)))
         finally:
             progress.done()
     except (InspectError, FileExistsError) as e:
@@ -221,42 +206,30 @@ def _work(args, prog, folder):
         progress.done()
 
 
-def _folder(args, scratch, limits, said, progress):
-    """A FOLDER's report, and OUT if --retie; the exit status. A transformers.js folder, unless --dtype or --files
-    chooses its files, is reported (and retied) variant by variant; any other, as the files a client loads."""
-    settings = measured_settings(args.verbose)
-    whole = args.dtype is None and not args.files and variants(args.model)
-    if whole:
-        found = inspect_variants(args.model, scratch, limits, args.proof_past, args.static, settings)
-        results = [f["result"] for f in found]
-    else:
-        results = [inspect_folder(args.model, scratch, limits, args.proof_past, args.dtype or args.files,
-                                  args.static, settings)]
-    progress.done()
-    for it in (it for result in results for it in result["items"]):
-        _prefill(it["info"], it["model"], args, scratch, limits)
-    if args.json:
-        document = variants_json(args.model, found) if whole else folder_json(results[0])
+def _render(analysis, args):
+    """The report of `analysis` on stdout: its text, or the --json document."""
+    kind, found = analysis.kind, analysis.found
+    if args.json:  # json.dumps escapes every control and non-ASCII character itself
+        document = {"file": lambda: as_json(found, args.model), "folder": lambda: folder_json(found),
+                    "variants": lambda: variants_json(args.model, found)}[kind]()
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
-    elif whole:
-        variants_report(args.model, found, sys.stdout, args.verbose)
+    elif kind == "file":
+        report(found, args.model, sys.stdout, args.verbose)
+    elif kind == "folder":
+        folder_report(found, sys.stdout, args.verbose)
     else:
-        folder_report(results[0], sys.stdout, args.verbose)
-    if args.retie is not None:
-        say = _writer(said, progress)
-        for f in found if whole else ():  # what the report said of each variant: why one is left as it is
-            f["verdict"] = folder_verdict(f["result"])
-        status = (retie_variants(found, args.retie, scratch, limits, say, args.logits_to_keep) if whole else
-                  retie_folder(results[0], args.retie, scratch, limits, say, args.logits_to_keep))
-        return _released(said, status)
-    return _checked(args, variants_verdict(found) if whole else folder_verdict(results[0]))
+        variants_report(args.model, found, sys.stdout, args.verbose)
 
 
-def _prefill(info, model, args, folder, limits):
-    """info["prefill"]: a decoder's head scoring every prompt position, its share counted; measured on request."""
-    info["prefill"] = all_positions(info, model, args.prompt_length)
-    if args.time_prefill:
-        time_prefill(model, info, folder, limits)
+def _retie(analysis, args, scratch, limits, say):
+    """--retie OUT of what `analysis` found; the retie's status (0 or 1). A transformers.js folder, unless --dtype or
+    --files chooses its files, is retied variant by variant; any other folder as the files a client loads."""
+    kind, found = analysis.kind, analysis.found
+    if kind == "file":
+        return retie(found["model"], found, args.retie, scratch, limits, say, args.logits_to_keep)
+    if kind == "folder":
+        return retie_folder(found, args.retie, scratch, limits, say, args.logits_to_keep)
+    return retie_variants(found, args.retie, scratch, limits, say, args.logits_to_keep)
 
 
 def _released(said, status):

@@ -266,6 +266,7 @@ def test_progress_lines_escape_a_file_names_control_characters(tmp_path):
 def test_with_json_a_retie_that_fails_leaves_only_its_error_on_stderr(tmp_path, monkeypatch, capsys):
     # failed before issue 37: the retie's own lines reached stderr before its error (3 lines, exit 2)
     from runtime.inspect import cli
+    from runtime.inspect.analysis import Analysis
 
     def says_then_fails(result, out, scratch, limits, say, logits_to_keep=None):
         say("retie: a.onnx: planned\n")
@@ -274,7 +275,7 @@ def test_with_json_a_retie_that_fails_leaves_only_its_error_on_stderr(tmp_path, 
     model = two_copies(tmp_path / "m")
     status = cli.main([str(model), "--static", "--json"], supervised=False)
     assert status == 0 and json.loads(capsys.readouterr().out)["files"]
-    monkeypatch.setattr(cli, "inspect_folder", lambda *a, **k: {"items": []})
+    monkeypatch.setattr(cli, "analyse", lambda *a, **k: Analysis("folder", {"items": []}, []))
     monkeypatch.setattr(cli, "folder_json", lambda result: {})
     status = cli.main([str(model), "--json", "--retie", str(tmp_path / "out")], supervised=False)
     err = capsys.readouterr().err

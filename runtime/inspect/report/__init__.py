@@ -2,7 +2,6 @@
 (`variants`), text and --json; its first lines and units are runtime.inspect.answer's."""
 from runtime.inspect.report.file import as_json, report
 from runtime.inspect.report.folder import folder_json, folder_report
-from runtime.inspect.report.variants import variants_json, variants_report, variants_verdict
+from runtime.inspect.report.variants import variants_json, variants_report
 
-__all__ = ["as_json", "folder_json", "folder_report", "report", "variants_json", "variants_report",
-           "variants_verdict"]
+__all__ = ["as_json", "folder_json", "folder_report", "report", "variants_json", "variants_report"]

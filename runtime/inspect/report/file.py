@@ -5,7 +5,6 @@ from runtime.inspect import answer
 from runtime.model.findings import counting
 from runtime.model.findings.counting import human, times
 from runtime.model.findings.vocabulary import SMALL_COPY
-from runtime.inspect.verdict import file_verdict
 
 _DISTINCT_LISTED = 16  # more distinct pairs than this are counted in the text report, not listed
 
@@ -16,7 +15,7 @@ def report(info, path, out, verbose=False, in_folder=False):
     sessions hold is measured together)."""
     w = lambda text: out.write(answer.line(text) + "\n")
     if not in_folder:
-        for line in answer.lines(file_verdict(info), {v["table"]: v for v in info["vocabulary"]}, {}, "a session",
+        for line in answer.lines(info["verdict"], {v["table"]: v for v in info["vocabulary"]}, {}, "a session",
                                  info["onnxruntime"] is None):
             w(line)
         w("")
@@ -225,7 +224,7 @@ def as_json(info, path=None, verdict=True):
     """What --json prints of `info` (for the model at `path`: its `model` key); `verdict` False for a folder's file
     (the folder's verdict is its own)."""
     return {**({"model": path} if path is not None else {}),
-            **({"verdict": file_verdict(info, path)} if verdict else {}), "onnxruntime": info["onnxruntime"],
+            **({"verdict": info["verdict"]} if verdict else {}), "onnxruntime": info["onnxruntime"],
             "file_bytes": info["file_bytes"], "initializers": info["initializers"], "vocabulary": info["vocabulary"],
             "pairs": [{k: p[k] for k in ("table", "head", "relation", "wasted_bytes", "max_error_in_scales",
                                          "table_graph", "head_graph")}

@@ -5,7 +5,6 @@ import os
 from runtime.inspect import answer
 from runtime.model.findings.counting import human, times
 from runtime.inspect.report.file import as_json, held_line, report
-from runtime.inspect.verdict import folder_verdict
 
 
 def _stored_in(group):
@@ -24,7 +23,7 @@ def verdict_lines(result, verdict):
 def folder_report(result, out, verbose=False):
     """The text report of a folder (folder.inspect_folder): its verdict, a line per file (each file's report under
     `verbose`), then each table across the files."""
-    for line in verdict_lines(result, folder_verdict(result)):
+    for line in verdict_lines(result, result["verdict"]):
         out.write(answer.line(line) + "\n")
     out.write("\n")
     folder_body(result, out, verbose)
@@ -111,7 +110,7 @@ def folder_json(result):
     """What --json prints of a folder."""
     vocabulary = [{k: v for k, v in group.items() if k != "members"}
                   for group in result["across"]["vocabulary"]]
-    return {"model": result["folder"], "verdict": folder_verdict(result), "onnxruntime": result["onnxruntime"],
+    return {"model": result["folder"], "verdict": result["verdict"], "onnxruntime": result["onnxruntime"],
             "rule": result["rule"],
             "files": [{"path": it["file"], **as_json(it["info"], verdict=False)} for it in result["items"]],
             "across_files": {"pairs": result["across"]["pairs"], "vocabulary": vocabulary}}

@@ -5,7 +5,7 @@ from runtime.inspect import answer
 from runtime.model.findings.across import disk_bytes
 from runtime.model.findings.counting import human, times
 from runtime.inspect.report.folder import folder_body, folder_json, verdict_lines
-from runtime.inspect.verdict import FAILING, folder_verdict
+from runtime.inspect.verdict import FAILING
 
 
 def token_table(result):
@@ -24,12 +24,7 @@ def summary(found):
     return {"dtype": dtype, "files": [it["file"] for it in result["items"]], "file_bytes": disk_bytes(result["items"]),
             "table": table and table["table"], "copies_on_disk": table and table["copies_on_disk"],
             "copies_in_memory": table and table["in_memory"]["defaults"]["copies"],
-            "verdict": [{**e, "dtype": dtype} for e in folder_verdict(result)]}
-
-
-def variants_verdict(found):
-    """The verdict of a transformers.js folder: every variant's entries, each with its `dtype`, variant by variant."""
-    return [e for f in found for e in summary(f)["verdict"]]
+            "verdict": [{**e, "dtype": dtype} for e in result["verdict"]]}
 
 
 def variants_json(folder, found):

@@ -17,7 +17,7 @@ from runtime.inspect.retie.folder import data_name, disk_change, measured_again,
 
 
 def retie_variants(found, out, scratch, limits, say, logits_to_keep=None):
-    """Retie every variant of `found` (examine_folder.inspect_variants', each with its report's `verdict` beside)
+    """Retie every variant of `found` (analysis.analyse's, each variant's result with its `verdict`)
     into the new folder `out`; the exit status: 0 written (or nothing to do), 1 a variant's proof failed (nothing
     written). `logits_to_keep`: --logits-to-keep's K, for each variant with a file whose head scores every prompt
     position; InspectError where none has."""
@@ -37,7 +37,7 @@ def retie_variants(found, out, scratch, limits, say, logits_to_keep=None):
         return 0
     for p in proven:
         if not p["changed"]:
-            say(f"retie: {p['found']['dtype']}: written as it is: {_why_left(p['found']['verdict'])}\n")
+            say(f"retie: {p['found']['dtype']}: written as it is: {_why_left(p['found']['result']['verdict'])}\n")
     root = transformersjs_root(found[0]["result"]["folder"])[0]
     written, config = _write(proven, out, root, limits, say)
     for p in proven:
