@@ -78,6 +78,13 @@ class Examination:
             self.begin()
             self.relate()
 
+    def watch(self, tables):
+        """Watch for copies only this file's tables and its heads shaped as one of `tables` (every file's of a
+        folder, once all are read): no other weight can hold a table's values."""
+        self.watched = self.tables + table_shaped(tables, self.heads)
+        self.sizes = copy_sizes(self.model, self.watched)
+        self.job = jobs.optimize({"checked": self.model.checked}, self.out, self.folder, self.sizes)
+
     def part(self):
         """This file as a part of a folder's measure_together job, its session writing its layout at self.out."""
         return {"checked": self.model.checked, "rows": self.rows, "shape": self.shape, "layout": self.out,

@@ -30,6 +30,8 @@ def _examined(folder, files, scratch, limits, proof_past, settings):
     os.mkdir(together)
     exams = [examine.start(p, w, limits, proof_past, measure=(), root=root, child=False) for p, w in zip(paths, where)]
     total = sum(e.model.file_bytes for e in exams)  # their data files' too
+    for e in exams:
+        e.watch([t for other in exams for t in other.tables])
     if "defaults" in settings and not memory.too_large(total):
         found = _measured_with_layouts(exams, together, limits, total, settings)
         if found is not None:

@@ -67,6 +67,13 @@ def _widened(a, b, transposed):
         return False
     x, y = a.values(), b.values()
     y = y.T if transposed else y
+    if not _rows_widened(x, y, 0, 1):  # another weight of the same shape: told apart by its first row
+        return False
     rows = max(1, BYTES_AT_ONCE // max(1, 4 * x.shape[1]))
-    return all(np.array_equal(x[i:i + rows].astype(np.float32).view(np.uint32), np.ascontiguousarray(y[i:i + rows]).view(np.uint32))
-               for i in range(0, x.shape[0], rows))
+    return all(_rows_widened(x, y, i, i + rows) for i in range(0, x.shape[0], rows))
+
+
+def _rows_widened(x, y, start, stop):
+    """Whether rows start:stop of float32 `y` are those of half-precision `x` widened, bit for bit."""
+    return np.array_equal(x[start:stop].astype(np.float32).view(np.uint32),
+                          np.ascontiguousarray(y[start:stop]).view(np.uint32))
