@@ -76,35 +76,75 @@ def _measure(job):
     import onnxruntime
 
     from runtime.inspect.sandbox.feeds import first_feeds
-    from runtime.resident import OWNED_MOST, let_go, owned_bytes, session_growth
-    from runtime.runner import write_optimized_layout
+    from runtime.resident import let_go, owned_bytes, session_growth
     (model, folder), (shell, shell_folder), proto = _model(job)
     feeds = first_feeds(proto, job["rows"], job["shape"])
     if not job.get("layout"):
         return session_growth(model, feeds, job["prepacking"], data_folder=folder)
-    if "checked" in job and (isinstance(model, str) or len(shell) > OWNED_MOST):
+    if _layout_apart(job, model, shell, proto):
         figures = session_growth(model, feeds, job["prepacking"], data_folder=folder)
         let_go()  # the session measured: gone before the next one opens
-        write_optimized_layout(shell, job["layout"], data_folder=shell_folder)
+        written = _written_apart((shell, shell_folder), job["layout"], proto, job.get("sizes"))
         owned = 0
     else:
         figures = session_growth(model, feeds, job["prepacking"], data_folder=folder, layout=job["layout"])
-        owned = None
+        owned, written = None, False
     layout = _proto(job["layout"])
     return {**figures, "onnxruntime": onnxruntime.__version__,
             "owned_bytes": owned_bytes(proto, layout) if owned is None else owned,
-            **_data_written(job["layout"], (shell, shell_folder), proto, layout, job.get("sizes"))}
+            **_data_written(job["layout"], (shell, shell_folder), proto, layout, job.get("sizes"), written)}
 
 
-def _data_written(path, shell, proto, layout, sizes):
+def _layout_apart(job, model, shell, proto):
+    """Whether the layout is written from a session of its own once the one measured is let go: where writing it
+    from the measured session would hold more than OWNED_MOST beside it (resident.owned_bytes), as when the model
+    holds its large tensors inline (as its shell left them in the file, or a shell past OWNED_MOST) or holds
+    float16 / bfloat16 weights past OWNED_MOST, which the CPU provider widens into float32 copies of its own."""
+    from runtime.resident import OWNED_MOST
+    if "checked" not in job:
+        return False
+    return isinstance(model, str) or len(shell) > OWNED_MOST or _half_bytes(proto) > OWNED_MOST
+
+
+def _half_bytes(proto):
+    """The bytes of the float16 and bfloat16 initializers of `proto`'s main graph."""
+    import math
+
+    from onnx import TensorProto
+    return sum(2 * math.prod(t.dims) for t in proto.graph.initializer
+               if t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16))
+
+
+def _written_apart(shell, path, proto, sizes):
+    """Write the optimized model at `path` from a session of its own on the model's shell (shell, its folder):
+    its layout, or, where the CPU provider will widen a float16 / bfloat16 tensor of one of `sizes` elements (a
+    table-shaped head, whose float32 copy's values are then compared; `sizes` None: any), the model with its data
+    at once, one session fewer. Whether the data was written."""
+    import math
+
+    from onnx import TensorProto
+
+    from runtime.runner import write_optimized_layout, write_optimized_model
+    if sizes is None or any(t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16) and math.prod(t.dims) in sizes
+                            for t in proto.graph.initializer):
+        write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
+        return True
+    write_optimized_layout(shell[0], path, data_folder=shell[1])
+    return False
+
+
+def _data_written(path, shell, proto, layout, sizes, written=False):
     """{"data": whether the optimized model `layout` (written at `path`) holds a tensor onnxruntime made of one of
     `sizes` elements (_copies_to_compare), "written": whether its data was then written there too}: where it does,
     the optimized model is written again at `path` with its data, from the model's shell (shell, its folder), in a
-    session of its own once the one measured is let go: no child of its own, one process start fewer."""
+    session of its own once the one measured is let go: no child of its own, one process start fewer. `written`:
+    the data is there already (_written_apart)."""
     from runtime.resident import let_go
     from runtime.runner import write_optimized_model
     if not _copies_to_compare(proto, layout, sizes):
         return {"data": False, "written": False}
+    if written:
+        return {"data": True, "written": True}
     let_go()
     os.remove(path)
     write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
@@ -120,33 +160,31 @@ def _measure_together(job):
     import onnxruntime
 
     from runtime.inspect.sandbox.feeds import first_feeds
-    from runtime.resident import OWNED_MOST, let_go, owned_bytes, sessions_growth
-    from runtime.runner import write_optimized_layout
+    from runtime.resident import let_go, owned_bytes, sessions_growth
     models, protos, shells, later = [], [], [], []
     for part in job["files"]:
         (model, folder), shell, proto = _model(part)
         layout = part.get("layout")
-        inline = layout and "checked" in part and (isinstance(model, str) or len(shell[0]) > OWNED_MOST)
+        inline = layout and _layout_apart(part, model, shell[0], proto)
         models.append((model, folder, first_feeds(proto, part["rows"], part["shape"]), None if inline else layout))
         protos.append(proto if layout else None)
         shells.append(shell)
-        later += [(shell, layout)] if inline else []
+        later += [(shell, layout, proto, part["sizes"])] if inline else []
     figures = sessions_growth(models, job["prepacking"])
     if not any(part.get("layout") for part in job["files"]):
         return figures
     let_go()  # the sessions measured: gone before a layout's own session opens
-    for (shell, shell_folder), layout in later:
-        write_optimized_layout(shell, layout, data_folder=shell_folder)
-    written = {layout for _, layout in later}
+    apart = {layout: _written_apart(shell, layout, proto, sizes) for shell, layout, proto, sizes in later}
     layouts = []
     for part, proto, shell in zip(job["files"], protos, shells):
         if proto is None:
             layouts.append(None)
             continue
         layout = _proto(part["layout"])
-        owned = 0 if part["layout"] in written else owned_bytes(proto, layout)
+        owned = 0 if part["layout"] in apart else owned_bytes(proto, layout)
         layouts.append({"onnxruntime": onnxruntime.__version__, "owned_bytes": owned,
-                        **_data_written(part["layout"], shell, proto, layout, part["sizes"])})
+                        **_data_written(part["layout"], shell, proto, layout, part["sizes"],
+                                        apart.get(part["layout"], False))})
     return {**figures, "layouts": layouts}
 
 
