@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.transformers.float16 import convert_float_to_float16
 
 import graphs
-from runtime.inspect.sandbox import agree
+from runtime.inspect.sandbox import agree, proof
 from runtime.inspect.sandbox.feeds import feeds_for
 from tests.helpers import FIXTURES, VOCAB, WIDTH, U, findings, model_in, one_line_error, run_inspect, unwrapped
 
@@ -231,3 +231,20 @@ def test_q4f16_holds_a_float16_table_and_4_bit_head_codes_a_quantized_copy_left_
     assert f"retie: transformer.wte.weight / {head.input[1]} (quantized_copy): a quantized copy, not a tie: its " \
            "values differ from the table's by rounding, so neither can read the other's without changing the " \
            "outputs" in lines
+
+
+def test_a_float16_model_the_cpu_provider_fails_inside_its_own_cast_is_refused_for_that_reason():
+    # onnxruntime 1.32's words on onnxruntime-genai's SmolLM2 float16 export (genai's Generator fails the same way),
+    # at its first decoding step on the CPU provider
+    error = RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Cast node. "
+                         "Name:'InsertedPrecisionFreeCast_/model/layers.1/attn/v_proj/repeat_kv/Reshape_4/output_0' "
+                         "Status Message: /onnxruntime_src/onnxruntime/core/framework/op_kernel.cc:87 virtual "
+                         "OrtValue* onnxruntime::OpKernelContext::OutputMLValue(int, const onnxruntime::TensorShape&)"
+                         " [ONNXRuntimeError] : 1 : FAIL : Shape mismatch attempting to re-use buffer. {1,1,576} != "
+                         "{1,5,576}. Validate usage of dim_value (values should be > 0)")
+    line = proof.refused("1 new token after past 4", error)
+    assert line.startswith("onnxruntime's CPU provider cannot run this float16 model on the proof's feeds (1 new "
+                           "token after past 4): a Cast it inserted")
+    assert "{1,1,576} != {1,5,576}" in line and "onnxruntime-genai issue 2009" in line and "--proof-past" not in line
+    other = proof.refused("1 new token after past 4", RuntimeError("Invalid rank for input: past_key_values.0.key"))
+    assert other.endswith("Invalid rank for input: past_key_values.0.key (--proof-past N sets the past length)")

@@ -70,7 +70,7 @@ def _prove_staged(plan, staged, folder, limits, upstream, in_place, measure):
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
             raise InspectError(f"{model.path} cannot be proven on this machine, nothing written: "
-                               f"{answer['original']} (--proof-past N sets the past length)")
+                               f"{answer['original']}")
         failures = answer["failures"]
         if in_place:
             in_place.drift = answer.get("drift")

@@ -121,7 +121,8 @@ def _feed_sets(job, before):
             runs = _branch_feeds(before.proto, job["rows"], job["shape"], sequence, past)
         except NoFeeds as e:  # the inputs cannot be made, so nothing can be run
             raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
-                                f"({describe(dict(job['shape'], steps=[[past, sequence]]))}): {e}") from None
+                                f"({describe(dict(job['shape'], steps=[[past, sequence]]))}): {e} (--proof-past N "
+                                "sets the past length)") from None
         for branch, feeds in runs:
             for upstream in job.get("upstream", []):
                 feeds = _fed_from(feeds, upstream, made)
@@ -190,10 +191,30 @@ def _originals(job, before, folder, watched, feed_sets):
                 originals = _runs(*_original(before.proto, folder, watched, not job.get("in_place")), feeds_only)
             olds.append(_outputs_of(next(originals)))
         except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
-            raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds ({said}): "
-                                f"{(str(e).strip().splitlines() or [type(e).__name__])[0][:300]}") from None
+            raise OriginalFails(refused(said, e)) from None
     originals.close()
     return olds
+
+
+WIDENING_CAST = "InsertedPrecisionFreeCast"  # onnxruntime's name for a Cast its CPU provider inserts to run a
+# float16 node through a float32 kernel
+
+
+def refused(said, e):
+    """The line that says why onnxruntime cannot run the original model on the feeds `said` describes (`e`, its
+    exception). A failure inside one of the casts the CPU provider inserted around a float16 model's nodes is a
+    known limitation of that provider (onnxruntime-genai's own Generator fails there too: microsoft/onnxruntime-genai
+    issue 2009), which no other past length avoids; anything else may pass at another (--proof-past)."""
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if WIDENING_CAST not in text:
+        return (f"onnxruntime cannot run the original model on the proof's feeds ({said}): {text[:300]} "
+                "(--proof-past N sets the past length)")
+    at = text.find("Shape mismatch")
+    detail = text[at:].split(". Validate")[0] if at >= 0 else text[:200]
+    return (f"onnxruntime's CPU provider cannot run this float16 model on the proof's feeds ({said}): a Cast it "
+            f"inserted to run a float16 node in float32 fails ({detail}); onnxruntime-genai's Generator fails the "
+            "same way on the CPU (microsoft/onnxruntime-genai issue 2009): a float16 export is for a GPU provider, "
+            "and a CPU client's is float32 or int4")
 
 
 def _retied(job, first):
