@@ -97,7 +97,13 @@ def owned_bytes(original, layout):
                 if t.data_location == TensorProto.EXTERNAL}
     sizes = [(math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8
              for path, _, g in graph_paths(layout.graph) for t in g.initializer if (path, t.name) not in external]
-    return sum(size for size in sizes if size < MAPPED_ALONE or not _mapped_alone())
+    return sum(size for size in sizes if held_once_written(size))
+
+
+def held_once_written(nbytes):
+    """Whether owned_bytes counts a tensor of `nbytes`: its serialized copy stays in the heap once written (below
+    MAPPED_ALONE, or wherever malloc does not map large allocations alone)."""
+    return nbytes < MAPPED_ALONE or not _mapped_alone()
 
 
 def _mapped_alone():
@@ -112,11 +118,12 @@ def _mapped_alone():
 
 def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=proportional, keep=None):
     """{resident_bytes, anonymous_bytes, file_bytes, peak_bytes}: what sessions on every model of `models` [(path or
-    serialized model, data folder or None, feeds[, layout])], all held at once in this process as a client holds
-    them, add after one run each, as `measure` reads it (Pss by default: pages two sessions map count once), and the
-    most resident memory (RSS) they added at any moment on the way (None where Linux does not say); for a fresh
-    process, like session_growth. A model given a layout path (not None) writes its optimized model's layout there
-    as its session opens (session_growth's `layout`)."""
+    serialized model, data folder or None, feeds[, layout[, with data]])], all held at once in this process as a
+    client holds them, add after one run each, as `measure` reads it (Pss by default: pages two sessions map count
+    once), and the most resident memory (RSS) they added at any moment on the way (None where Linux does not say);
+    for a fresh process, like session_growth. A model given a layout path (not None) writes its optimized model's
+    layout there as its session opens (session_growth's `layout`), or, with data true, the optimized model with its
+    data (runner.writing: written through the page cache, which no process's resident set counts)."""
     import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
 
     from runtime.runner import data_thrown_away, read_data_from, writing
@@ -125,9 +132,9 @@ def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=pro
     before, peaks = measure(), _reset_peak()
     sessions = []
     for model, data_folder, feeds, *written in models:
-        layout = written[0] if written else None
+        layout, data = (written + [None, False])[:2]
         settings = read_data_from(options(prepacking), data_folder)
-        with data_thrown_away(layout) if layout else contextlib.nullcontext():
+        with data_thrown_away(layout) if layout and not data else contextlib.nullcontext():
             sessions.append(ort.InferenceSession(model, writing(settings, layout) if layout else settings,
                                                  providers=["CPUExecutionProvider"],
                                                  disabled_optimizers=set(disabled_optimizers)))

@@ -1,7 +1,9 @@
 """One model file examined: everything inspect's report shows of it (tables, heads, pairs, runtime copies, what a
 session holds), as one dict: the --json output plus what --retie needs."""
+import contextlib
 import os
 
+from graphs.storage import data_path
 from runtime.model.findings import counting
 from runtime.model.findings.counting import DEFAULTS
 from runtime.model.findings.copies import copy_sizes, runtime_copies
@@ -165,6 +167,9 @@ class Examination:
         try:
             answer = self.first.result()
         except isolated.StepFailed:
+            for written in (self.out, data_path(self.out)):  # what the failed child wrote before its run failed
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(written)
             self.first = isolated.start(self.job, "building its optimized model", limits, model.file_bytes)
             return optimized_version(self.first, model.path), self._measured(self.settings)
         measured = {}

@@ -136,3 +136,22 @@ def test_many_tables_verdict_looks_at_each_pair_once(tmp_path, monkeypatch):
                         stored_copies(pairs, table))
     assert verdict.file_verdict(info) == []  # 30 x 30 distinct pairs: nothing held twice
     assert len(info["pairs"]) == 30 * 30 and sum(looked) == len(info["pairs"])  # not 30 times each
+
+
+def test_a_float16_model_is_measured_and_its_widened_copy_compared_in_one_child(tmp_path, children):
+    # 2 MiB of float16 weights, external data: the CPU provider's float32 copies would be held beside a session that wrote the
+    # optimized model as it opened, so the session measured is let go first and another writes it, with its data
+    # at once (the copy of the table's size is compared): one child, where there were two (measured again)
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+    vocab, width = 4096, 256
+    path = str(tmp_path / "m.onnx")
+    onnx.save(convert_float_to_float16(onnx.load(tied(str(tmp_path / "float32.onnx"), vocab, width)),
+                                       keep_io_types=True), path, save_as_external_data=True, location="m.onnx.data")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    found = inspect_model(path, str(scratch))
+    assert children == [("measure", True)]
+    (entry,) = found["vocabulary"]
+    assert entry["in_memory"]["defaults"]["resident_bytes"] is not None
+    assert [(c["view"], c["bytes"]) for c in found["runtime_copies"] if c.get("copy_of") == entry["table"]] \
+        == [("widened", vocab * width * 4)]

@@ -76,7 +76,7 @@ def _measure(job):
     import onnxruntime
 
     from runtime.inspect.sandbox.feeds import first_feeds
-    from runtime.resident import let_go, owned_bytes, session_growth
+    from runtime.resident import let_go, owned_bytes, resident, session_growth, sessions_growth
     (model, folder), (shell, shell_folder), proto = _model(job)
     feeds = first_feeds(proto, job["rows"], job["shape"])
     if not job.get("layout"):
@@ -86,9 +86,10 @@ def _measure(job):
         let_go()  # the session measured: gone before the next one opens
         written = _written_apart((shell, shell_folder), job["layout"], proto, job.get("sizes"))
         owned = 0
-    else:
-        figures = session_growth(model, feeds, job["prepacking"], data_folder=folder, layout=job["layout"])
-        owned, written = None, False
+    else:  # with its data at once where a copy to compare will be made (_made_at_load)
+        written = _made_at_load(proto, job.get("sizes"))
+        figures = sessions_growth([(model, folder, feeds, job["layout"], written)], job["prepacking"], measure=resident)
+        owned = None
     layout = _proto(job["layout"])
     return {**figures, "onnxruntime": onnxruntime.__version__,
             "owned_bytes": owned_bytes(proto, layout) if owned is None else owned,
@@ -103,7 +104,23 @@ def _layout_apart(job, model, shell, proto):
     from runtime.resident import OWNED_MOST
     if "checked" not in job:
         return False
-    return isinstance(model, str) or len(shell) > OWNED_MOST or _half_bytes(proto) > OWNED_MOST
+    return isinstance(model, str) or len(shell) > OWNED_MOST or _half_bytes(proto) > OWNED_MOST or _folds_held(proto)
+
+
+_FOLDED = ("Transpose", "Reshape", "Cast", "Squeeze", "Unsqueeze", "Flatten")  # of a weight: constant-folded at load
+
+
+def _folds_held(proto):
+    """Whether constant folding will make a tensor that writing the layout in the measured session would leave held
+    past OWNED_MOST (resident.owned_bytes, held_once_written): one of _FOLDED on such an initializer of the main
+    graph (genai int4's 14 MiB Reshape of its table's codes)."""
+    import math
+
+    from graphs.storage import BITS
+    from runtime.resident import OWNED_MOST, held_once_written
+    nbytes = {t.name: (math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8 for t in proto.graph.initializer}
+    return any(n.op_type in _FOLDED and n.input and nbytes.get(n.input[0], 0) > OWNED_MOST and
+               held_once_written(nbytes[n.input[0]]) for n in proto.graph.node)
 
 
 def _half_bytes(proto):
@@ -115,18 +132,33 @@ def _half_bytes(proto):
                if t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16))
 
 
+def _made_at_load(proto, sizes):
+    """Whether onnxruntime's optimizer will make a tensor of one of `sizes` elements (None: any) whose values the
+    parent compares: one of _FOLDED (a Transpose, a Reshape, a Cast) on such an initializer of the main graph,
+    which constant folding turns into a tensor of its own (genai's tied head, read by the lookup through a
+    Transpose). Where it will, the
+    optimized model is written with its data as the measured session opens: one session fewer."""
+    import math
+
+    if sizes is None:
+        return True
+    counts = {t.name: math.prod(t.dims) for t in proto.graph.initializer}
+    return any(node.op_type in _FOLDED and node.input and counts.get(node.input[0]) in sizes
+               for node in proto.graph.node)
+
+
 def _written_apart(shell, path, proto, sizes):
     """Write the optimized model at `path` from a session of its own on the model's shell (shell, its folder):
-    its layout, or, where the CPU provider will widen a float16 / bfloat16 tensor of one of `sizes` elements (a
-    table-shaped head, whose float32 copy's values are then compared; `sizes` None: any), the model with its data
-    at once, one session fewer. Whether the data was written."""
+    its layout, or, where the optimizer will make a tensor of one of `sizes` elements (_made_at_load) or the CPU
+    provider widen a float16 / bfloat16 one (a table-shaped head), whose values are then compared (`sizes` None:
+    any), the model with its data at once, one session fewer. Whether the data was written."""
     import math
 
     from onnx import TensorProto
 
     from runtime.runner import write_optimized_layout, write_optimized_model
-    if sizes is None or any(t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16) and math.prod(t.dims) in sizes
-                            for t in proto.graph.initializer):
+    if _made_at_load(proto, sizes) or any(t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16) and
+                                          math.prod(t.dims) in sizes for t in proto.graph.initializer):
         write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
         return True
     write_optimized_layout(shell[0], path, data_folder=shell[1])
@@ -166,7 +198,8 @@ def _measure_together(job):
         (model, folder), shell, proto = _model(part)
         layout = part.get("layout")
         inline = layout and _layout_apart(part, model, shell[0], proto)
-        models.append((model, folder, first_feeds(proto, part["rows"], part["shape"]), None if inline else layout))
+        models.append((model, folder, first_feeds(proto, part["rows"], part["shape"]), None if inline else layout,
+                       bool(layout) and not inline and _made_at_load(proto, part["sizes"])))
         protos.append(proto if layout else None)
         shells.append(shell)
         later += [(shell, layout, proto, part["sizes"])] if inline else []
@@ -176,15 +209,15 @@ def _measure_together(job):
     let_go()  # the sessions measured: gone before a layout's own session opens
     apart = {layout: _written_apart(shell, layout, proto, sizes) for shell, layout, proto, sizes in later}
     layouts = []
-    for part, proto, shell in zip(job["files"], protos, shells):
+    for part, proto, shell, run in zip(job["files"], protos, shells, models):
         if proto is None:
             layouts.append(None)
             continue
         layout = _proto(part["layout"])
         owned = 0 if part["layout"] in apart else owned_bytes(proto, layout)
+        written = apart[part["layout"]] if part["layout"] in apart else run[4]  # its data written as it opened
         layouts.append({"onnxruntime": onnxruntime.__version__, "owned_bytes": owned,
-                        **_data_written(part["layout"], shell, proto, layout, part["sizes"],
-                                        apart.get(part["layout"], False))})
+                        **_data_written(part["layout"], shell, proto, layout, part["sizes"], written)})
     return {**figures, "layouts": layouts}
 
 
