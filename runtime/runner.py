@@ -85,11 +85,12 @@ def write_optimized_layout(model, path, data_folder=None):
     layout_session(model, path, data_folder)
 
 
-def layout_session(model, path, data_folder=None):
+def layout_session(model, path, data_folder=None, data=False):
     """A session on `model` under the lab's settings, prepacking on, that wrote its optimized model's layout to
-    `path` as it opened (write_optimized_layout): one load both runs the model and says what it holds. It keeps a
-    copy of every tensor onnxruntime holds in its own memory (inline or folded: runtime.resident.owned_bytes)."""
-    with data_thrown_away(path):
+    `path` as it opened (write_optimized_layout), or with `data` the model with its data (write_optimized_model):
+    one load both runs the model and says what it holds. It keeps a copy of every tensor onnxruntime holds in its
+    own memory (inline or folded: runtime.resident.owned_bytes)."""
+    with contextlib.nullcontext() if data else data_thrown_away(path):
         return open_session(model, writing(read_data_from(session_options(prepacking=True), data_folder), path))
 
 

@@ -10,6 +10,7 @@ import os
 import sys
 
 from runtime.model.read.checked import Changed, source
+from runtime.inspect.sandbox import folding
 from runtime.inspect.sandbox.isolated import OUT_OF_MEMORY
 
 
@@ -86,8 +87,8 @@ def _measure(job):
         let_go()  # the session measured: gone before the next one opens
         written = _written_apart((shell, shell_folder), job["layout"], proto, job.get("sizes"))
         owned = 0
-    else:  # with its data at once where a copy to compare will be made (_made_at_load)
-        written = _made_at_load(proto, job.get("sizes"))
+    else:  # with its data at once where a copy to compare will be made (folding.made_at_load)
+        written = folding.made_at_load(proto, job.get("sizes"))
         figures = sessions_growth([(model, folder, feeds, job["layout"], written)], job["prepacking"], measure=resident)
         owned = None
     layout = _proto(job["layout"])
@@ -99,66 +100,23 @@ def _measure(job):
 def _layout_apart(job, model, shell, proto):
     """Whether the layout is written from a session of its own once the one measured is let go: where writing it
     from the measured session would hold more than OWNED_MOST beside it (resident.owned_bytes), as when the model
-    holds its large tensors inline (as its shell left them in the file, or a shell past OWNED_MOST) or holds
-    float16 / bfloat16 weights past OWNED_MOST, which the CPU provider widens into float32 copies of its own."""
+    holds its large tensors inline (as its shell left them in the file, or a shell past OWNED_MOST), holds float16 /
+    bfloat16 weights past OWNED_MOST, which the CPU provider widens into float32 copies of its own, or has a weight
+    folded into a tensor that stays held once written (folding.folds_held)."""
     from runtime.resident import OWNED_MOST
     if "checked" not in job:
         return False
-    return isinstance(model, str) or len(shell) > OWNED_MOST or _half_bytes(proto) > OWNED_MOST or _folds_held(proto)
-
-
-_FOLDED = ("Transpose", "Reshape", "Cast", "Squeeze", "Unsqueeze", "Flatten")  # of a weight: constant-folded at load
-
-
-def _folds_held(proto):
-    """Whether constant folding will make a tensor that writing the layout in the measured session would leave held
-    past OWNED_MOST (resident.owned_bytes, held_once_written): one of _FOLDED on such an initializer of the main
-    graph (genai int4's 14 MiB Reshape of its table's codes)."""
-    import math
-
-    from graphs.storage import BITS
-    from runtime.resident import OWNED_MOST, held_once_written
-    nbytes = {t.name: (math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8 for t in proto.graph.initializer}
-    return any(n.op_type in _FOLDED and n.input and nbytes.get(n.input[0], 0) > OWNED_MOST and
-               held_once_written(nbytes[n.input[0]]) for n in proto.graph.node)
-
-
-def _half_bytes(proto):
-    """The bytes of the float16 and bfloat16 initializers of `proto`'s main graph."""
-    import math
-
-    from onnx import TensorProto
-    return sum(2 * math.prod(t.dims) for t in proto.graph.initializer
-               if t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16))
-
-
-def _made_at_load(proto, sizes):
-    """Whether onnxruntime's optimizer will make a tensor of one of `sizes` elements (None: any) whose values the
-    parent compares: one of _FOLDED (a Transpose, a Reshape, a Cast) on such an initializer of the main graph,
-    which constant folding turns into a tensor of its own (genai's tied head, read by the lookup through a
-    Transpose). Where it will, the
-    optimized model is written with its data as the measured session opens: one session fewer."""
-    import math
-
-    if sizes is None:
-        return True
-    counts = {t.name: math.prod(t.dims) for t in proto.graph.initializer}
-    return any(node.op_type in _FOLDED and node.input and counts.get(node.input[0]) in sizes
-               for node in proto.graph.node)
+    return (isinstance(model, str) or len(shell) > OWNED_MOST or folding.half_bytes(proto) > OWNED_MOST
+            or folding.folds_held(proto))
 
 
 def _written_apart(shell, path, proto, sizes):
-    """Write the optimized model at `path` from a session of its own on the model's shell (shell, its folder):
-    its layout, or, where the optimizer will make a tensor of one of `sizes` elements (_made_at_load) or the CPU
-    provider widen a float16 / bfloat16 one (a table-shaped head), whose values are then compared (`sizes` None:
-    any), the model with its data at once, one session fewer. Whether the data was written."""
-    import math
-
-    from onnx import TensorProto
-
+    """Write the optimized model at `path` from a session of its own on the model's shell (shell, its folder): its
+    layout, or, where the optimizer will make a tensor of one of `sizes` elements whose values are then compared
+    (folding.made_at_load; `sizes` None: any), the model with its data at once, one session fewer. Whether the data
+    was written."""
     from runtime.runner import write_optimized_layout, write_optimized_model
-    if _made_at_load(proto, sizes) or any(t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16) and
-                                          math.prod(t.dims) in sizes for t in proto.graph.initializer):
+    if folding.made_at_load(proto, sizes):
         write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
         return True
     write_optimized_layout(shell[0], path, data_folder=shell[1])
@@ -199,7 +157,7 @@ def _measure_together(job):
         layout = part.get("layout")
         inline = layout and _layout_apart(part, model, shell[0], proto)
         models.append((model, folder, first_feeds(proto, part["rows"], part["shape"]), None if inline else layout,
-                       bool(layout) and not inline and _made_at_load(proto, part["sizes"])))
+                       bool(layout) and not inline and folding.made_at_load(proto, part["sizes"])))
         protos.append(proto if layout else None)
         shells.append(shell)
         later += [(shell, layout, proto, part["sizes"])] if inline else []
@@ -237,7 +195,7 @@ def _prove(job):
         return answer
     retied, layout = _proto(job["after"]), _proto(job["layout"])
     return {**answer, "measured": proven.figures, "owned_bytes": owned_bytes(retied, layout),
-            **_data_written(job["layout"], (job["after"], None), retied, layout, job.get("sizes"))}
+            **_data_written(job["layout"], (job["after"], None), retied, layout, job.get("sizes"), proven.written)}
 
 
 def _prefill(job):

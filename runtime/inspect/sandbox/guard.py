@@ -77,8 +77,9 @@ def supervise(work, timeout, scratch, staging, prog, out=None):
     seconds later); `scratch`: a folder removed when the worker ends however it ends; `staging`: the folder where
     the worker stages outputs as `.saving-<pid>-*` (graphs.storage.save) and `.sidecar-<pid>-*`, removed too if
     the worker dies or fails, with whatever it had linked into place from them; `out`: the output it may place
-    (absent when this starts), so a line about a killed worker says whether it is there. A worker killed by a signal ends the
-    command with one line on stderr (`prog: error: ...`) and status 2, or 128 + the signal this process was sent.
+    (absent when this starts), so a line about a killed worker says whether it is there. A worker killed by a
+    signal ends the command with one line on stderr (`prog: error: ...`) and status 2, or 128 + the signal this
+    process was sent.
     """
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
     reaping = signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # inherited ignored, the kernel would reap the worker

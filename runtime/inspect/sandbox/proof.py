@@ -12,8 +12,9 @@ from runtime.model.read.model import load
 from runtime.inspect.sandbox import agree
 from runtime.inspect.sandbox.exposed import with_outputs
 from runtime.inspect.sandbox.feeds import NoFeeds, describe, shaped_feeds, steps
+from runtime.inspect.sandbox.folding import made_at_load
 from runtime.inspect.sandbox.jobs import kept_heads_of, rewritten_of
-from runtime.resident import session_growth
+from runtime.resident import resident, sessions_growth
 from runtime.runner import Runner, layout_session
 
 
@@ -45,12 +46,14 @@ class OriginalFails(Exception):
 class Proven(NamedTuple):
     """What prove() found: one-line failures (empty: proven); the retied model's measured figures or None; with
     job["keep"] {"exact": whether the last position's logits at k = 1 are the original's bit for bit}, else None;
-    where job["in_place"], _drift's, else None; agree.heads_found's of the heads' outputs (k = 0), or None."""
+    where job["in_place"], _drift's, else None; agree.heads_found's of the heads' outputs (k = 0), or None; whether
+    the retied model's session wrote its optimized model with its data (not its layout alone: folding.made_at_load)."""
     failures: list
     figures: dict | None
     kept: dict | None
     drift: dict | None = None
     heads: dict | None = None
+    written: bool = False
 
 
 def prove(job):
@@ -85,7 +88,7 @@ def prove(job):
         watched = sorted(set(watched) | {h.hidden for h in keep["heads"].values()} |
                          {o for o in keep["heads"] if o not in {v.name for v in before.proto.graph.output}})
     try:
-        session, figures = _retied(job, feeds_only[0])
+        session, figures, written = _retied(job, feeds_only[0])
         if keep:  # k = 0 and k = 1 fed: the default, whichever it is, is one of them
             news = list(_runs(session, {}, [dict(f, **{keep["input"]: np.array(0, np.int64)}) for f in feeds_only]))
             lasts = list(_runs(session, {}, [dict(f, **{keep["input"]: np.array(1, np.int64)}) for f in feeds_only]))
@@ -105,11 +108,11 @@ def prove(job):
     drift = _drift(before, folder, feed_sets, news, set(chains) | set(every)) if job.get("in_place") else None
     heads = agree.heads_found(olds, news, chains)
     if not keep:
-        return Proven(failures, figures, None, drift, heads)
+        return Proven(failures, figures, None, drift, heads, written)
     every.update({out: (hidden, table) for out, (hidden, table, _) in nbits.items()})
     more, exact = _last_failures(before, keep, every, nbits, tables, zip(feed_sets, olds, lasts, all_bounds))
     formats = sorted({np.dtype(old[n].dtype).name for old in olds for n in keep["outputs"] if n in old})
-    return Proven(failures + more, figures, {"exact": exact, "formats": formats}, drift, heads)
+    return Proven(failures + more, figures, {"exact": exact, "formats": formats}, drift, heads, written)
 
 
 def _feed_sets(job, before):
@@ -219,15 +222,22 @@ def refused(said, e):
 
 def _retied(job, first):
     """(a session of the retied model at job["after"], its data beside it, under onnxruntime's defaults; what it
-    added after a run on the feeds `first` (resident.session_growth's figures) where job["measure"], else None).
-    It writes its optimized model's layout to job["layout"] where the job names one."""
+    added after a run on the feeds `first` (resident.session_growth's figures) where job["measure"], else None;
+    whether it wrote the data). It writes its optimized model's layout to job["layout"] where the job names one,
+    with the data where a tensor whose values the parent compares will be made (folding.made_at_load)."""
+    data = bool(job.get("layout")) and made_at_load(_shell(job["after"]), job.get("sizes"))
     if job.get("measure"):
         kept = []
-        figures = session_growth(job["after"], first, layout=job.get("layout"), keep=kept)
-        return kept[0], figures
+        figures = sessions_growth([(job["after"], None, first, job.get("layout"), data)], measure=resident, keep=kept)
+        return kept[0], figures, data
     if job.get("layout"):
-        return layout_session(job["after"], job["layout"]), None
-    return Runner(job["after"]).session, None
+        return layout_session(job["after"], job["layout"], data=data), None, data
+    return Runner(job["after"]).session, None, False
+
+
+def _shell(path):
+    """The ModelProto of the retied model at `path`, its external data not read."""
+    return onnx.load(path, load_external_data=False)
 
 
 def _branch_feeds(model, rows, shape, sequence, past):
