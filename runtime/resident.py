@@ -92,12 +92,16 @@ def owned_bytes(original, layout):
     an allocation past malloc's largest mmap threshold (mallopt(3): 32 MiB on 64-bit), mapped for it alone and
     given back when freed, so the session holds nothing more for it once written (measured: onnxruntime-genai's
     SmolLM2 fp32, whose 108 MiB folded transposed head is such a tensor, added 633.4 MiB with its layout written as
-    it opened, 627.5 MiB without)."""
+    it opened, 627.5 MiB without), unless a kernel prepacked it: a session that writes its prepacked copies keeps
+    such a tensor too, where one that does not frees it once packed (measured: a Qwen2.5-shaped Optimum export,
+    whose 519 MiB folded transposed head MatMul prepacks, added 2449.9 MiB with its layout written as it opened,
+    1911.9 MiB without)."""
     external = {(path, t.name) for path, _, g in graph_paths(original.graph) for t in g.initializer
                 if t.data_location == TensorProto.EXTERNAL}
-    sizes = [(math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8
+    sizes = [((math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8,
+              any(e.key.startswith("prepacked") for e in t.external_data))
              for path, _, g in graph_paths(layout.graph) for t in g.initializer if (path, t.name) not in external]
-    return sum(size for size in sizes if held_once_written(size))
+    return sum(size for size, packed in sizes if packed or held_once_written(size))
 
 
 def held_once_written(nbytes):

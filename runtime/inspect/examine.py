@@ -15,7 +15,7 @@ from runtime.model.graph.weights import shared_weights
 from runtime.model.read import paths
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
-from runtime.inspect.sandbox import feeds, isolated, jobs, memory
+from runtime.inspect.sandbox import feeds, folding, isolated, jobs, memory
 from runtime.resident import OWNED_MOST, prepacked_copies, unscoped
 
 
@@ -196,7 +196,7 @@ def found(exam, answer, measured):
     measurements show. Only the tables and the heads that can hold their values are watched for copies."""
     model, tables, heads, pairs, rows, shape = exam.model, exam.tables, exam.heads, exam.pairs, exam.rows, exam.shape
     optimized_path = exam.out
-    optimized = load(optimized_path, os.path.dirname(optimized_path), layout_only=not answer.get("data", True))
+    optimized = folding.read_optimized(optimized_path, os.path.dirname(optimized_path), answer)
     version = answer["onnxruntime"]
     prepacked = prepacked_copies(optimized.proto)
     watched = list(dict.fromkeys(e["initializer"] for e in exam.watched))

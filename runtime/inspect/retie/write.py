@@ -16,7 +16,7 @@ from runtime.model.read.text import InspectError
 from runtime.inspect.retie import branches
 from runtime.inspect.retie.keep import keep_last
 from runtime.inspect.retie.rewrite import planned
-from runtime.inspect.sandbox import isolated, jobs, memory
+from runtime.inspect.sandbox import folding, isolated, jobs, memory
 from runtime.inspect.sandbox.feeds import describe
 from runtime.resident import OWNED_MOST, copies_held, prepacked_copies
 
@@ -84,7 +84,7 @@ def _prove_staged(plan, staged, folder, limits, upstream, in_place, measure):
                           "optimizing the retied model", limits, model.file_bytes)
     except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
         return {}, [f"failed, nothing written: {e}"], None
-    retied, retied_optimized = load(staged), load(optimized, folder, layout_only=not answer["data"])
+    retied, retied_optimized = load(staged), folding.read_optimized(optimized, folder, answer)
     copies = runtime_copies(retied, retied_optimized, finals)
     prepacked = prepacked_copies(retied_optimized.proto)
     packed = sorted({p["initializer"] for p in prepacked} & set(in_place.sizes if in_place else ()))

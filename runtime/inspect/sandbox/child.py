@@ -100,14 +100,15 @@ def _measure(job):
 def _layout_apart(job, model, shell, proto):
     """Whether the layout is written from a session of its own once the one measured is let go: where writing it
     from the measured session would hold more than OWNED_MOST beside it (resident.owned_bytes), as when the model
-    holds its large tensors inline (as its shell left them in the file, or a shell past OWNED_MOST), holds float16 /
+    holds its large tensors inline (as its shell left them in the file, or more than OWNED_MOST of tensors in its
+    protobuf: folding.inline_bytes), holds float16 /
     bfloat16 weights past OWNED_MOST, which the CPU provider widens into float32 copies of its own, or has a weight
     folded into a tensor that stays held once written (folding.folds_held)."""
     from runtime.resident import OWNED_MOST
     if "checked" not in job:
         return False
-    return (isinstance(model, str) or len(shell) > OWNED_MOST or folding.half_bytes(proto) > OWNED_MOST
-            or folding.folds_held(proto))
+    return (isinstance(model, str) or folding.inline_bytes(proto) > OWNED_MOST
+            or folding.half_bytes(proto) > OWNED_MOST or folding.folds_held(proto))
 
 
 def _written_apart(shell, path, proto, sizes):
@@ -124,11 +125,13 @@ def _written_apart(shell, path, proto, sizes):
 
 
 def _data_written(path, shell, proto, layout, sizes, written=False):
-    """{"data": whether the optimized model `layout` (written at `path`) holds a tensor onnxruntime made of one of
-    `sizes` elements (_copies_to_compare), "written": whether its data was then written there too}: where it does,
-    the optimized model is written again at `path` with its data, from the model's shell (shell, its folder), in a
-    session of its own once the one measured is let go: no child of its own, one process start fewer. `written`:
-    the data is there already (_written_apart)."""
+    """{"data": whether the file at `path` is the optimized model with its data, "written": whether what the parent
+    compares is in it}. Where the optimized model `layout` (written at `path`) holds a tensor onnxruntime made of
+    one of `sizes` elements (_copies_to_compare), its values are recomputed from the node constant folding made it
+    of and saved beside the layout (folding.recomputed, copies_path: "recomputed"; no data file), or, where one was not
+    folded (a float16 weight's float32 copy), the optimized model is written again at `path` with its data, from
+    the model's shell (shell, its folder), in a session of its own once the one measured is let go: no child of its
+    own, one process start fewer. `written`: the data is there already (_written_apart)."""
     from runtime.resident import let_go
     from runtime.runner import write_optimized_model
     if not _copies_to_compare(proto, layout, sizes):
@@ -136,9 +139,19 @@ def _data_written(path, shell, proto, layout, sizes, written=False):
     if written:
         return {"data": True, "written": True}
     let_go()
+    copies = folding.recomputed(proto, layout, sizes, shell[1] or _folder_of(shell[0]))
+    if copies is not None:  # the folded copies' values beside the layout: no data file written
+        with open(folding.copies_path(path), "wb") as f:
+            f.write(copies.SerializeToString())
+        return {"data": False, "written": True, "recomputed": True}
     os.remove(path)
     write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
     return {"data": True, "written": True}
+
+
+def _folder_of(model):
+    """The folder of a model given as a path (its data beside it), or None (bytes: its folder was given)."""
+    return os.path.dirname(os.path.abspath(model)) if isinstance(model, str) else None
 
 
 def _measure_together(job):

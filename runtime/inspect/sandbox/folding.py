@@ -7,21 +7,22 @@ import math
 from onnx import TensorProto
 
 from graphs.storage import BITS
+from runtime.model.graph.ops import MATMULS
 from runtime.resident import OWNED_MOST, held_once_written
 
 FOLDED = ("Transpose", "Reshape", "Cast", "Squeeze", "Unsqueeze", "Flatten")  # on a weight: folded at load
 HALF = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+INLINE_MOST = 2**30  # recomputed copies held inline in one protobuf (2 GiB at most): past this, the data written
 
 
 def made_at_load(proto, sizes):
-    """Whether the optimizer will make a tensor of one of `sizes` elements (None: any) whose values the parent
-    compares: one of FOLDED on such an initializer of `proto`'s main graph (genai's tied head, which the lookup
-    reads through a Transpose), or a float16 / bfloat16 one the CPU provider widens (a table-shaped head)."""
+    """Whether the optimized model must be written with its data for the parent to compare a copy's values: the
+    CPU provider will widen a float16 / bfloat16 weight of one of `sizes` elements (a table-shaped head) into a
+    float32 copy, under a name of its own (`sizes` None: any copy). A copy constant folding makes of a weight is
+    recomputed instead (recomputed())."""
     if sizes is None:
         return True
-    counts = {t.name: math.prod(t.dims) for t in proto.graph.initializer}
-    return any(counts[node.input[0]] in sizes for node in _folded(proto, counts)) or \
-        any(t.data_type in HALF and math.prod(t.dims) in sizes for t in proto.graph.initializer)
+    return any(t.data_type in HALF and math.prod(t.dims) in sizes for t in proto.graph.initializer)
 
 
 def _folded(proto, initializers):
@@ -36,14 +37,87 @@ def _folded(proto, initializers):
 
 def folds_held(proto):
     """Whether constant folding will make a tensor that writing the layout in a measured session would leave held
-    past OWNED_MOST (resident.owned_bytes, held_once_written): one of FOLDED on such an initializer of the main
-    graph (genai int4's 14 MiB Reshape of its table's codes)."""
+    past OWNED_MOST (resident.owned_bytes): one of FOLDED on such an initializer of the main graph, below
+    MAPPED_ALONE (held_once_written: genai int4's 14 MiB Reshape of its table's codes) or read by a matmul, whose
+    kernel prepacks it (Optimum's Transpose of the tied table for the head)."""
     nbytes = {t.name: (math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8 for t in proto.graph.initializer}
-    return any(nbytes[n.input[0]] > OWNED_MOST and held_once_written(nbytes[n.input[0]])
+    weights = {node.input[facts.weight] for node in proto.graph.node
+               for op, facts in MATMULS.items() if node.op_type == op and len(node.input) > facts.weight}
+    return any(nbytes[n.input[0]] > OWNED_MOST and (held_once_written(nbytes[n.input[0]]) or
+                                                    weights.intersection(n.output))
                for n in _folded(proto, nbytes))
+
+
+def inline_bytes(proto):
+    """The bytes of the tensors `proto`'s main graph holds in its protobuf (its initializers stored inline, and its
+    Constant nodes'), which onnxruntime copies into memory of its own: a session that writes its optimized model
+    serializes them once more (resident.owned_bytes). A model's shell holds its large inline tensors as external
+    data in its own file (read.wire), mapped like any other."""
+    stored = sum((math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8 for t in proto.graph.initializer
+                 if t.data_location != TensorProto.EXTERNAL)
+    return stored + sum(len(a.t.raw_data) for node in proto.graph.node if node.op_type == "Constant"
+                        for a in node.attribute if a.type == a.TENSOR)
 
 
 def half_bytes(proto):
     """The bytes of the float16 and bfloat16 initializers of `proto`'s main graph (the CPU provider's float32
     copies of them are twice that)."""
     return sum(2 * math.prod(t.dims) for t in proto.graph.initializer if t.data_type in HALF)
+
+
+def copies_path(layout_path):
+    """Where recomputed() copies of the optimized model written for its layout at `layout_path` are saved."""
+    return layout_path + ".copies.onnx"
+
+
+def recomputed(proto, layout, sizes, folder):
+    """A model holding, as its initializers, the values of each tensor the optimized model `layout` (a ModelProto
+    written for its layout: runner.write_optimized_layout) made of one of `sizes` elements, under its name, each
+    recomputed by onnxruntime from the node of `proto` (the model's shell; its data in `folder`) that constant
+    folding folded it from: a Transpose, Reshape or Cast of a weight (_folded), whose output the folded tensor is
+    named after. So the parent compares a copy's values without the optimized model's data being written (every
+    weight again and each prepacked copy: 1.2 GB for a 0.5 GiB model). None where one of them was not folded from
+    such a node (a float16 weight's float32 copy, which the CPU provider makes under a name of its own) or they
+    are too large to hold inline: the caller writes the data then."""
+    from onnx import helper, numpy_helper
+
+    from runtime.resident import made
+    from runtime.runner import open_session, read_data_from, session_options
+    counts = {t.name: math.prod(t.dims) for t in proto.graph.initializer}
+    producers = {out: node for node in _folded(proto, counts) for out in node.output}
+    wanted = [t for t in made(proto, layout) if math.prod(t.dims) in set(sizes or ())]
+    if sizes is None or any(t.name not in producers for t in wanted) or \
+            sum(math.prod(t.dims) * BITS.get(t.data_type, 64) // 8 for t in wanted) > INLINE_MOST:
+        return None
+    constants = {t.name: t for t in proto.graph.initializer}
+    makers = {out: node for node in proto.graph.node if node.op_type == "Constant" for out in node.output}
+    values = []
+    for tensor in wanted:
+        node = producers[tensor.name]
+        used = [name for name in node.input if name]
+        graph = helper.make_graph(
+            [makers[name] for name in used if name in makers] + [node], "folded",
+            [], [helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))],
+            [constants[name] for name in used if name in constants])
+        model = helper.make_model(graph, opset_imports=proto.opset_import, ir_version=proto.ir_version)
+        session = open_session(model.SerializeToString(), read_data_from(session_options(), folder))
+        values.append(numpy_helper.from_array(session.run(None, {})[0], tensor.name))
+        del session
+    return helper.make_model(helper.make_graph([], "recomputed", [], [], values), opset_imports=proto.opset_import,
+                             ir_version=proto.ir_version)
+
+
+def read_optimized(path, folder, answer):
+    """The optimized model a child wrote at `path` (its data in `folder`), read by the checked reader as its
+    `answer` says it was written: with its data, or for its layout only, each copy recomputed() beside it then
+    read from there (the same name, dims and type, and its values)."""
+    from runtime.model.read.model import load
+    optimized = load(path, folder, layout_only=not answer.get("data", True))
+    if answer.get("recomputed"):
+        copies = load(copies_path(path), folder)
+        for name, tensor in copies.tensors.items():
+            held = optimized.tensors.get(name)
+            if held is None or (held.dims, held.type_name) != (tensor.dims, tensor.type_name):
+                raise ValueError(f"{name}: a recomputed copy the optimized model does not hold as it is")
+            optimized.tensors[name] = tensor
+    return optimized

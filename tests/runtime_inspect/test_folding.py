@@ -1,0 +1,53 @@
+"""The copies constant folding makes of a table, recomputed by onnxruntime from the node that made them instead of
+written with the optimized model's data (sandbox.folding): the same values, bit for bit, as numpy's own transpose
+of the table; a copy no node made (the CPU provider's float32 widening) is left to the data's write."""
+import os
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from onnxruntime.transformers.float16 import convert_float_to_float16
+
+from runtime.inspect.examine import inspect_model
+from runtime.inspect.sandbox import folding
+from runtime.resident import made
+from runtime.runner import write_optimized_layout
+from tests.helpers import FIXTURES, tied
+
+GENAI = os.path.join(FIXTURES, "genai_fp32", "model.onnx")  # the lookup reads the tied head through a Transpose
+
+
+def test_a_folded_transpose_of_the_table_is_recomputed_bit_for_bit(tmp_path):
+    layout_path = str(tmp_path / "optimized.onnx")
+    write_optimized_layout(GENAI, layout_path)
+    proto, layout = onnx.load(GENAI, load_external_data=False), onnx.load(layout_path, load_external_data=False)
+    table = numpy_helper.to_array(onnx.load(GENAI).graph.initializer[
+        [t.name for t in proto.graph.initializer].index("lm_head.MatMul.weight")])
+    copies = folding.recomputed(proto, layout, [table.size], os.path.dirname(GENAI))
+    (copy,) = copies.graph.initializer
+    assert copy.name in {t.name for t in made(proto, layout)}  # the name the optimized model holds it under
+    values = numpy_helper.to_array(copy)
+    assert values.shape == table.T.shape and np.array_equal(values.view(np.uint32), table.T.view(np.uint32))
+
+
+def test_inspect_writes_the_copy_beside_the_layout_and_no_data_file(tmp_path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    found = inspect_model(GENAI, str(scratch))
+    written = sorted(n for n in os.listdir(scratch) if n.startswith("optimized"))  # beside the job's own files
+    assert written == ["optimized.onnx", "optimized.onnx.copies.onnx"]
+    (copy,) = [c for c in found["runtime_copies"] if c.get("copy_of") == "lm_head.MatMul.weight" and
+               c["view"] != "prepacked"]
+    assert copy["view"] == "transposed"  # told by comparing the recomputed values with the table's
+
+
+def test_a_widened_float16_copy_is_not_recomputed(tmp_path):
+    vocab, width = 64, 8
+    path = str(tmp_path / "m.onnx")
+    onnx.save(convert_float_to_float16(onnx.load(tied(str(tmp_path / "float32.onnx"), vocab, width)),
+                                       keep_io_types=True), path)
+    layout_path = str(tmp_path / "optimized.onnx")
+    write_optimized_layout(path, layout_path)
+    proto, layout = onnx.load(path), onnx.load(layout_path, load_external_data=False)
+    assert [t.data_type for t in made(proto, layout) if np.prod(t.dims) == vocab * width] == [onnx.TensorProto.FLOAT]
+    assert folding.recomputed(proto, layout, [vocab * width], str(tmp_path)) is None
