@@ -139,9 +139,9 @@ def test_many_tables_verdict_looks_at_each_pair_once(tmp_path, monkeypatch):
 
 
 def test_a_float16_model_is_measured_and_its_widened_copy_compared_in_one_child(tmp_path, children):
-    # 2 MiB of float16 weights, external data: the CPU provider's float32 copies would be held beside a session that wrote the
-    # optimized model as it opened, so the session measured is let go first and another writes it, with its data
-    # at once (the copy of the table's size is compared): one child, where there were two (measured again)
+    # 2 MiB of float16 weights, external data: the CPU provider's float32 copies would be held beside a session
+    # that wrote the optimized model as it opened, so the session measured is let go first and another writes it,
+    # with its data at once (the copy of the table's size is compared): one child, where there were two
     from onnxruntime.transformers.float16 import convert_float_to_float16
     vocab, width = 4096, 256
     path = str(tmp_path / "m.onnx")
@@ -155,3 +155,18 @@ def test_a_float16_model_is_measured_and_its_widened_copy_compared_in_one_child(
     assert entry["in_memory"]["defaults"]["resident_bytes"] is not None
     assert [(c["view"], c["bytes"]) for c in found["runtime_copies"] if c.get("copy_of") == entry["table"]] \
         == [("widened", vocab * width * 4)]
+
+
+def test_layered_folder_measured_reads_no_layer_weight_for_its_runtime_copies(tmp_path, reads):
+    # onnxruntime folds each layer's Transpose into a copy of the layer's weight: a folder watches only the heads
+    # shaped as one of its tables for copies, so no layer weight is read to tell them apart (every head was watched)
+    folder = tmp_path / "split"
+    folder.mkdir()
+    for name in ("a.onnx", "b.onnx"):
+        onnx.save(layered(LAYERS), str(folder / name))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    found = inspect_folder(str(folder), str(scratch), isolated.Limits())
+    folded = [c for it in found["items"] for c in it["info"]["runtime_copies"] if c["shape"] == [16, 16]]
+    assert len(folded) == 2 * LAYERS and not any(c.get("copy_of") for c in folded)
+    assert _layer_reads(reads) == {}

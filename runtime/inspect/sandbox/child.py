@@ -32,21 +32,19 @@ def _model(job):
 
 def _optimize(job):
     """onnxruntime's optimized model written to job["out"], its prepacked copies recorded. With job["sizes"] (the
-    element counts of the tensors whose copies are looked for), its layout first, without data; the data only
-    when the optimizer made a tensor of one of those sizes, whose values must then be compared. Written from the
-    model's shell: the optimized model is the same, its large tensors not parsed into a protobuf first."""
+    element counts of the tensors whose copies are looked for), its layout, without data, and what a copy of one
+    of those sizes needs to be compared (_data_written: recomputed beside it, or the data written). Written from
+    the model's shell: the optimized model is the same, its large tensors not parsed into a protobuf first."""
     import onnxruntime
 
     from runtime.runner import write_optimized_layout, write_optimized_model
-    _, (model, folder), proto = _model(job)
-    answer = {"onnxruntime": onnxruntime.__version__, "data": True}  # whose folding and prepacking is described
-    if job.get("sizes") is not None:
-        write_optimized_layout(model, job["out"], data_folder=folder)
-        if not _copies_to_compare(proto, _proto(job["out"]), job["sizes"]):
-            return {**answer, "data": False}
-        os.remove(job["out"])
-    write_optimized_model(model, job["out"], prepacked=True, data_folder=folder)  # the defaults' prepacks recorded
-    return answer
+    _, shell, proto = _model(job)
+    answer = {"onnxruntime": onnxruntime.__version__}  # whose folding and prepacking is described
+    if job.get("sizes") is None:
+        write_optimized_model(shell[0], job["out"], prepacked=True, data_folder=shell[1])  # the defaults' prepacks
+        return {**answer, "data": True}
+    write_optimized_layout(shell[0], job["out"], data_folder=shell[1])
+    return {**answer, **_data_written(job["out"], shell, proto, _proto(job["out"]), job["sizes"])}
 
 
 def _proto(model):

@@ -15,6 +15,11 @@ HALF = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 INLINE_MOST = 2**30  # recomputed copies held inline in one protobuf (2 GiB at most): past this, the data written
 
 
+def _nbytes(tensor):
+    """The bytes of a TensorProto's data, from its dims and type."""
+    return (math.prod(tensor.dims) * BITS.get(tensor.data_type, 64) + 7) // 8
+
+
 def made_at_load(proto, sizes):
     """Whether the optimized model must be written with its data for the parent to compare a copy's values: the
     CPU provider will widen a float16 / bfloat16 weight of one of `sizes` elements (a table-shaped head) into a
@@ -40,7 +45,7 @@ def folds_held(proto):
     past OWNED_MOST (resident.owned_bytes): one of FOLDED on such an initializer of the main graph, below
     MAPPED_ALONE (held_once_written: genai int4's 14 MiB Reshape of its table's codes) or read by a matmul, whose
     kernel prepacks it (Optimum's Transpose of the tied table for the head)."""
-    nbytes = {t.name: (math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8 for t in proto.graph.initializer}
+    nbytes = {t.name: _nbytes(t) for t in proto.graph.initializer}
     weights = {node.input[facts.weight] for node in proto.graph.node
                for op, facts in MATMULS.items() if node.op_type == op and len(node.input) > facts.weight}
     return any(nbytes[n.input[0]] > OWNED_MOST and (held_once_written(nbytes[n.input[0]]) or
@@ -53,8 +58,7 @@ def inline_bytes(proto):
     Constant nodes'), which onnxruntime copies into memory of its own: a session that writes its optimized model
     serializes them once more (resident.owned_bytes). A model's shell holds its large inline tensors as external
     data in its own file (read.wire), mapped like any other."""
-    stored = sum((math.prod(t.dims) * BITS.get(t.data_type, 64) + 7) // 8 for t in proto.graph.initializer
-                 if t.data_location != TensorProto.EXTERNAL)
+    stored = sum(_nbytes(t) for t in proto.graph.initializer if t.data_location != TensorProto.EXTERNAL)
     return stored + sum(len(a.t.raw_data) for node in proto.graph.node if node.op_type == "Constant"
                         for a in node.attribute if a.type == a.TENSOR)
 
@@ -86,8 +90,9 @@ def recomputed(proto, layout, sizes, folder):
     counts = {t.name: math.prod(t.dims) for t in proto.graph.initializer}
     producers = {out: node for node in _folded(proto, counts) for out in node.output}
     wanted = [t for t in made(proto, layout) if math.prod(t.dims) in set(sizes or ())]
-    if sizes is None or any(t.name not in producers for t in wanted) or \
-            sum(math.prod(t.dims) * BITS.get(t.data_type, 64) // 8 for t in wanted) > INLINE_MOST:
+    main = {id(t) for t in layout.graph.initializer}  # a copy made in a branch is written with the data
+    if sizes is None or any(id(t) not in main or t.name not in producers for t in wanted) or \
+            sum(_nbytes(t) for t in wanted) > INLINE_MOST:
         return None
     constants = {t.name: t for t in proto.graph.initializer}
     makers = {out: node for node in proto.graph.node if node.op_type == "Constant" for out in node.output}
