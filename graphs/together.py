@@ -11,7 +11,7 @@ import tempfile
 import numpy as np
 import onnx
 
-from graphs.arrays import write_array
+from graphs.arrays import prefetch, release, write_array
 from graphs.storage import ALIGN, ALIGN_FROM, is_large, umask, without_large_tensors
 
 
@@ -28,6 +28,45 @@ def save_together(models, folder, data_name="model.data", min_external_bytes=102
     staged beside `folder` and renamed into place: it appears whole or not at all, and an existing one is
     refused. Every name must stay inside it (check_names): nothing is written anywhere else. Returns the paths
     written. The models passed in are not changed."""
+    staged = stage_together(models, folder, data_name, min_external_bytes, chunk_bytes, then)
+    try:
+        return staged.place()
+    finally:
+        staged.discard()
+
+
+class StagedFolder:
+    """A folder written whole in a staging folder beside its final name (stage_together): `staging` holds it, to be
+    read and run first; `written` its paths, relative; place() renames it into place, discard() removes it (not
+    what place() renamed)."""
+
+    def __init__(self, staging, folder, written):
+        self.staging, self.folder, self.written = staging, folder, written
+
+    def path(self, name):
+        """Where the file `name` (relative) lies while staged."""
+        return os.path.join(self.staging, name)
+
+    def place(self):
+        """Rename the staging folder to its final name, refused (FileExistsError) if one appeared meanwhile and
+        holds anything; returns the paths written there."""
+        os.chmod(self.staging, 0o777 & ~umask())
+        try:
+            os.rename(self.staging, self.folder)  # atomic
+        except OSError as e:
+            if not os.path.lexists(self.folder):
+                raise
+            raise FileExistsError(f"{self.folder} appeared while writing; refusing to overwrite it") from e
+        return [os.path.join(self.folder, name) for name in self.written]
+
+    def discard(self):
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def stage_together(models, folder, data_name="model.data", min_external_bytes=1024, chunk_bytes=None, then=None):
+    """save_together()'s first half, its arguments the same: the folder written in a new staging folder beside
+    `folder` (`.saving-<pid>-*`, which runtime.inspect.sandbox.guard removes if the process dies); a StagedFolder.
+    An existing `folder` is refused."""
     folder = os.path.abspath(os.fspath(folder))
     check_names([name for name, _, _ in models], data_name, per_file=chunk_bytes is not None)
     if os.path.lexists(folder):
@@ -36,30 +75,40 @@ def save_together(models, folder, data_name="model.data", min_external_bytes=102
     targets, written = {}, []  # targets: where tensors go (a directory, or a model in per-file mode) -> _Data
     try:
         for name, model, sources in models:
-            sources = sources or {}
-            where = os.path.dirname(name)
-            os.makedirs(os.path.join(staging, where), exist_ok=True)
-            if chunk_bytes is not None:
-                data = targets[name] = _Data(staging, name + "_data", chunk_bytes, written)
-            else:
-                if where not in targets:
-                    targets[where] = _Data(staging, os.path.join(where, data_name), None, written)
-                    targets[where].open()  # one per directory, even if no tensor goes there (as always)
-                data = targets[where]
-            with open(os.path.join(staging, name), "wb") as f:
-                f.write(_placed(model, sources, data, min_external_bytes).SerializeToString())
+            _write_model(staging, name, model, (sources or {}, min_external_bytes),
+                         _target(targets, staging, name, data_name, chunk_bytes, written))
             written.append(name)
         for data in targets.values():
             data.close()
         for name, content in (then(list(written)) if then else {}).items():
             _write_beside(staging, name, content, data_name, written)
-        os.chmod(staging, 0o777 & ~umask())
-        os.rename(staging, folder)  # atomic; refused if the folder appeared meanwhile and holds anything
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     finally:
         for data in targets.values():
             data.close()
-        shutil.rmtree(staging, ignore_errors=True)
-    return [os.path.join(folder, name) for name in written]
+    return StagedFolder(staging, folder, written)
+
+
+def _target(targets, staging, name, data_name, chunk_bytes, written):
+    """The _Data the model `name`'s tensors go to: its own in per-file mode (`chunk_bytes`), else its directory's
+    (opened even if no tensor goes there, as always)."""
+    where = os.path.dirname(name)
+    os.makedirs(os.path.join(staging, where), exist_ok=True)
+    if chunk_bytes is not None:
+        targets[name] = _Data(staging, name + "_data", chunk_bytes, written)
+        return targets[name]
+    if where not in targets:
+        targets[where] = _Data(staging, os.path.join(where, data_name), None, written)
+        targets[where].open()
+    return targets[where]
+
+
+def _write_model(staging, name, model, how, data):
+    """The model file `name`, its large tensors placed in `data` (how: (sources, min_external_bytes))."""
+    with open(os.path.join(staging, name), "wb") as f:
+        f.write(_placed(model, how[0], data, how[1]).SerializeToString())
 
 
 def _placed(model, sources, data, min_external_bytes):
@@ -97,7 +146,8 @@ class _Data:
 
     def __init__(self, staging, base, chunk_bytes, written):
         self.staging, self.base, self.chunk_bytes, self.written = staging, base, chunk_bytes, written
-        self.files, self.placed = [], {}  # placed: (type, dims, digest) -> (location, offset, length)
+        self.files, self.placed = [], {}  # placed: (type, dims, digest or sample) -> (location, offset, length)
+        self.sampled = {}  # (type, dims, sample) -> the array first placed under it, None once digested whole
 
     def open(self):
         name = self.base if not self.files else f"{self.base}_{len(self.files)}"
@@ -105,7 +155,7 @@ class _Data:
         self.written.append(name)
 
     def place(self, array, tensor):
-        key = (tensor.data_type, tuple(tensor.dims), _digest(array))
+        key = self._key(array, tensor)
         if key not in self.placed:
             if not self.files:
                 self.open()
@@ -118,6 +168,21 @@ class _Data:
             write_array(data, array, tensor)
             self.placed[key] = (os.path.basename(data.name), offset, data.tell() - offset)
         return self.placed[key]
+
+    def _key(self, array, tensor):
+        """(type, dims, a digest of the bytes): the same key for the same tensor. Only a tensor whose type, dims
+        and first and last bytes another's share is digested whole (and that other too): a model's many weights
+        of one shape differ in their first bytes, and their digests would read every byte once more."""
+        sample = (tensor.data_type, tuple(tensor.dims), _sampled(array))
+        if sample not in self.sampled:
+            self.sampled[sample] = array
+            return sample
+        first = self.sampled[sample]
+        if first is not None:  # the first of its sample to be digested whole: placed under that key too
+            whole = (tensor.data_type, tuple(tensor.dims), _digest(first))
+            self.placed[whole] = self.placed[sample]
+            self.sampled[sample] = None
+        return tensor.data_type, tuple(tensor.dims), _digest(array)
 
     def close(self):
         for f in self.files:
@@ -157,11 +222,27 @@ def check_names(names, data_name, per_file=False):
             raise ValueError(f"{name!r}: the name of another model's data file")
 
 
+def _sampled(array, count=4096):
+    """A short key of an array's bytes in C order: its size, and blake2b of its first and last `count` bytes (for
+    a view, only those elements are read)."""
+    n = max(1, count // max(1, array.itemsize))
+    flat = array.flat
+    head, tail = flat[:min(n, array.size)], flat[max(0, array.size - n):array.size]
+    h = hashlib.blake2b(digest_size=16)
+    for part in (np.ascontiguousarray(head), np.ascontiguousarray(tail)):
+        h.update(part.view(np.uint8).data)
+    return f"{array.nbytes}:{h.hexdigest()}"
+
+
 def _digest(array, chunk=16 * 2**20):
     """blake2b of an array's bytes in C order, read a block of leading-axis slices at a time."""
     h = hashlib.blake2b(digest_size=16)
     flat = array.reshape(1, -1) if array.ndim == 0 else array
     rows = max(1, chunk // max(1, flat[:1].nbytes))
     for start in range(0, len(flat), rows):
-        h.update(np.ascontiguousarray(flat[start:start + rows]).data)
+        block = flat[start:start + rows]
+        prefetch(block)
+        h.update(np.ascontiguousarray(block).data)
+        if block.flags.c_contiguous:  # its own pages: let them go as it goes (graphs.arrays.release)
+            release(block)
     return h.hexdigest()

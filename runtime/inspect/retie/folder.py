@@ -1,128 +1,178 @@
-"""--retie OUT for a folder: each file the client loads is retied and proven as a file (retie.planned / proven),
-then every one of them is written into the new folder OUT with one data file they share (graphs.together: a
-table several files hold is stored there once, at one aligned offset every file names), the sidecars are copied,
-and OUT is measured again in one process holding every session. A transformers.js folder is written as
-transformers.js reads one (transformersjs.py): each file with data files of its own, config.json saying so."""
+"""--retie OUT for a folder: each file the client loads is planned (retie.rewrite, retie.keep) and, with the
+others as they are, written into the new folder OUT, staged beside it, with one data file they share
+(graphs.together: a table several files hold is stored there once, at one aligned offset every file names); each
+rewritten file is proven where it lies there (retie.write.proven_at), OUT is measured again in one process holding
+every session (retie.outcomes), the sidecars are copied, and only then is OUT renamed into place. A
+transformers.js folder is written as transformers.js reads one (transformersjs.py): each file with data files of
+its own, config.json saying so."""
 import os
+from typing import NamedTuple
 
-import onnx
-from onnx import TensorProto
-
-from graphs.together import save_together
-from runtime.bounds import NARROW
-from runtime.model.findings import counting
+from graphs.together import stage_together
 from runtime.model.findings.across import disk_bytes
-from runtime.model.findings.counting import DEFAULTS, human, times
+from runtime.model.findings.counting import human
 from runtime.model.findings.relations import stored_as_table
 from runtime.model.read import sidecars
 from runtime.model.read.layout import transformersjs_root
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import external_sources
 from runtime.inspect.retie.rewrite import borrow
-from runtime.inspect.retie import transformersjs
+from runtime.inspect.retie import outcomes, transformersjs
 from runtime.inspect.retie import keep as keeps
-from runtime.inspect.retie.write import Plan, kept_line, planned_keeping, proven_in_place, rewritten_line, widened_note
-from runtime.inspect.sandbox import memory
+from runtime.inspect.retie.write import Plan, kept_line, planned_keeping, proven_at, proven_in_place, rewritten_line
 
 DATA = "model.data"  # the one data file OUT's models share
+
+
+class File(NamedTuple):
+    """One file of a folder as --retie writes it: its name in OUT, the result's item, its retie.write.Plan (None:
+    written as it is), the sources graphs.together writes its external tensors from, and the inputs other files
+    make (upstream's)."""
+    name: str
+    item: dict
+    plan: Plan | None
+    sources: dict
+    fed: list
+
+
+class Proven(NamedTuple):
+    """What the proofs of a folder's files found: {file: {table: copies held}}, and the figures of the one file with
+    a table measured by its proof (no child measures OUT again then), else None."""
+    held: dict
+    figures: dict | None
 
 
 def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
     """Retie the folder `result` describes (folder.inspect_folder) into the new folder `out`; the exit status: 0
     written (or nothing to do), 1 a file's proof failed (nothing written). `logits_to_keep`: --logits-to-keep's K,
     for each file whose head scores every prompt position (retie.keep)."""
-    held = {}
-    proven = proven_files(result, scratch, limits, say, logits_to_keep, held)
-    if proven is None:
-        return 1
-    models, changed = proven
-    pairs = result["across"]["pairs"]
+    files = planned_files(result, say, logits_to_keep)
     tjs = transformersjs_root(result["folder"])  # (root, where its files lie) of a transformers.js folder, or None
-    place = placed(result)
-    merges = not tjs and any(p["relation"] == "duplicate" for p in pairs)  # what one shared data file would merge
-    if not changed and not merges:
+    merges = not tjs and any(p["relation"] == "duplicate" for p in result["across"]["pairs"])  # one data file's
+    if not any(f.plan for f in files) and not merges:
         say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
-    limits.progress(f"writing {out}")
-    models = [(place[name], proto, sources) for name, proto, sources in models]
-    config = transformersjs.Config(tjs[0], [name for name, _, _ in models], say) if tjs else None
-    data = data_name([name for name, _, _ in models])
+    config = transformersjs.Config(tjs[0], [f.name for f in files], say) if tjs else None
+    staged, lines = StagedOut(files, out, config), []
     try:
-        written = save_together(models, out, data, **({"chunk_bytes": transformersjs.CHUNK_BYTES,
-                                                        "then": config.written} if tjs else {}))
-    except ValueError as e:  # a name that would leave OUT (the layout's are checked before: never, by design)
-        raise InspectError(f"--retie {out}: {e}; nothing written") from None
-    limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
-    before = disk_bytes(result["items"])
-    sidecar = {os.path.join(out, n) for n in config.names()} if tjs else set()  # config.json, written with OUT
-    after = sum(os.path.getsize(p) for p in written if p not in sidecar)
-    shared = (f", each with its own data file(s) <file>_data (transformers.js's layout{config.said()})" if tjs else
-              f" and one {data} they share")
-    say(f"retie: wrote {out}: {len(models)} file(s){shared}: {human(before)} -> {human(after)} on "
-        f"disk ({disk_change(before, after)})\n")
-    measured_again(result, out, held, scratch, limits, say, after)
-    # the sidecars at the folder's top (config.json beside transformers.js's onnx/ too, its root's when read from
-    # onnx/) and beside the files; every file keeps its name, so genai_config.json is copied naming the files it
-    # named, as they resolve
-    top = tjs[0] if tjs else result["folder"]
-    where = [os.path.dirname(name) for name, _, _ in models]
-    for line in sidecars.copy_into(top, out, where, skip=config.names() if tjs else ()):
-        say(f"retie: {line}\n")
+        proven = proven_files(files, staged, scratch, limits, say, logits_to_keep)
+        if proven is None:
+            return 1
+        before, after = disk_bytes(result["items"]), staged.bytes()
+        shared = (f", each with its own data file(s) <file>_data (transformers.js's layout{config.said()})" if tjs else
+                  f" and one {staged.data} they share")
+        lines.append(f"retie: wrote {out}: {len(files)} file(s){shared}: {human(before)} -> {human(after)} on "
+                     f"disk ({disk_change(before, after)})\n")
+        outcomes.measured_again(result, staged, proven, scratch, limits, lines.append)
+        # the sidecars at the folder's top (config.json beside transformers.js's onnx/ too, its root's when read
+        # from onnx/) and beside the files; every file keeps its name, so genai_config.json is copied naming the
+        # files it named, as they resolve
+        where = [os.path.dirname(f.name) for f in files]
+        lines += [f"retie: {line}\n" for line in sidecars.copy_into(tjs[0] if tjs else result["folder"],
+                                                                     staged.root(), where,
+                                                                     skip=config.names() if tjs else ())]
+        staged.place(limits)
+    finally:
+        staged.discard()
+    for line in lines:
+        say(line)
     return 0
 
 
-def placed(result):
-    """{file: its name in OUT} of the folder `result` describes: its own name, but a transformers.js folder read
-    from onnx/ is written whole, in its root's layout (onnx/<file>)."""
-    tjs = transformersjs_root(result["folder"])
-    return {it["file"]: os.path.join(tjs[1], it["file"]) if tjs else it["file"] for it in result["items"]}
+class StagedOut:
+    """OUT, staged beside its name from `files` (graphs.together.stage_together) when first asked for a path, and
+    staged again after discard() (a proof that put a file's weights back as they were changed it)."""
+
+    def __init__(self, files, out, config=None):
+        self.out, self.config, self.staged = out, config, None
+        self.models = [(f.name, (f.plan.model if f.plan else f.item["model"]).proto, f.sources) for f in files]
+        self.data = data_name([name for name, _, _ in self.models])
+
+    def root(self):
+        """The staged folder, written first where it is not."""
+        if self.staged is None:
+            options = {"chunk_bytes": transformersjs.CHUNK_BYTES, "then": self.config.written} if self.config else {}
+            try:
+                self.staged = stage_together(self.models, self.out, self.data, **options)
+            except ValueError as e:  # a name that would leave OUT (the layout's are checked before: never, by design)
+                raise InspectError(f"--retie {self.out}: {e}; nothing written") from None
+        return self.staged.staging
+
+    def path(self, name):
+        """Where OUT's file `name` lies while staged."""
+        return os.path.join(self.root(), name)
+
+    def written(self):
+        """The names of the files written there (relative), the sidecar config.json written with them left out."""
+        self.root()
+        sidecar = set(self.config.names()) if self.config else set()
+        return [n for n in self.staged.written if n not in sidecar]
+
+    def bytes(self):
+        """The bytes of the files written there (written())."""
+        return sum(os.path.getsize(self.path(n)) for n in self.written())
+
+    def place(self, limits):
+        """Rename OUT into place; past this the deadline cuts nothing off (limits.committing)."""
+        self.root()
+        self.staged.place()
+        limits.committing()
+
+    def discard(self):
+        if self.staged is not None:
+            self.staged.discard()
+            self.staged = None
 
 
-def measured_again(result, out, held, scratch, limits, say, after):
-    """Once OUT is written (`after` bytes, of the files of `result` there): its files measured in one process holding
-    every session, said beside what the folder held (_say_memory), then a line per table the folder held more than
-    once (_outcomes; `held` what each rewritten file's proof counted)."""
-    place = placed(result)
-    parts = [{"model": os.path.join(out, place[it["file"]]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
-             for it in result["items"] if it["info"]["rows"]]
-    measured = memory.measure_together(parts, scratch, limits, after, DEFAULTS) if parts else {}
-    _say_memory(result["across"]["vocabulary"], measured, say)
-    for line in _outcomes(result, out, held, place, per_file=transformersjs_root(result["folder"]) is not None):
-        say(line)
-
-
-def proven_files(result, scratch, limits, say, logits_to_keep, held):
-    """([(name, ModelProto, sources)] of every file, how many were rewritten), each rewritten file proven first
-    (what its session holds put in `held`), or None when a proof failed (said; nothing is to be written)."""
-    models, changed = [], 0
+def planned_files(result, say, logits_to_keep):
+    """[File] of every file of `result`, in its order: each rewritten as retie.rewrite and retie.keep plan (its
+    proto changed), a head reading another file's table pointed at it (borrow), or left as it is."""
+    files, place = [], outcomes.placed(result)
     borrowed, fed = _borrowed_tables(result, say), upstream(result["items"])
     keeping = _keeping(result["items"], logits_to_keep, say)
-    for i, item in enumerate(result["items"]):
-        model, info, name = item["model"], item["info"], item["file"]
+    for item in result["items"]:
+        model, name = item["model"], item["file"]
         said = lambda line, name=name: say(line.replace("retie: ", f"retie: {name}: ", 1))
-        rewritten, sources, keep = planned_keeping(model, info, said, logits_to_keep if name in keeping else None)
+        rewritten, sources, keep = planned_keeping(model, item["info"], said,
+                                                   logits_to_keep if name in keeping else None)
         for head, owner, table in borrowed.get(name, []):
             rewritten.append(borrow(model, sources, head, owner["model"], table))
-        if rewritten or keep:
-            where = os.path.join(scratch, f"retie{i}")
-            os.mkdir(where)
-            plan = Plan(model, info, rewritten, sources, keep)
-            _, held[name], failures, weights, _ = proven_in_place(plan, where, limits, said, fed[name])
-            # a table stored anew (genai's [width, vocab] one, as "<name>_rows") counted under its old name too
-            held[name].update({r.table: held[name][r.now] for r in rewritten if r.now in held[name]})
-            if failures:
-                say(f"retie: {name}: " + (failures[0] if failures[0].startswith("failed") else
-                                          f"not proven, nothing written: {failures[0]}") + "\n")
-                return None
-            if rewritten:
-                say(rewritten_line(rewritten, model, info["shape"], f"{name}: ", fed[name], weights))
-            if keep:
-                say(kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(r.hidden for r in rewritten)))
-            changed += 1
-        else:  # as it is, its external tensors read from their files as they are written
-            sources = external_sources(model)
-        models.append((name, model.proto, sources))
-    return models, changed
+        plan = Plan(model, item["info"], rewritten, sources, keep) if rewritten or keep else None
+        # as it is: its external tensors read from their files as they are written
+        files.append(File(place[name], item, plan, sources if plan else external_sources(model), fed[name]))
+    return files
+
+
+def proven_files(files, staged, scratch, limits, say, logits_to_keep=None):
+    """Proven: each rewritten file of `files` proven where `staged` (a StagedOut) holds it; None when a proof
+    failed (said; nothing is to be written). The one file with a table in a folder of one such is measured by
+    its proof."""
+    held, figures = {}, None
+    measured = [f for f in files if f.item["info"]["rows"]]
+    limits.progress(f"writing {staged.out} beside it, to prove its files there")
+    for i, f in enumerate(files):
+        if f.plan is None:
+            continue
+        name, (model, info, rewritten, _, keep) = f.item["file"], f.plan
+        said = lambda line, name=name: say(line.replace("retie: ", f"retie: {name}: ", 1))
+        where = os.path.join(scratch, f"retie{i}")
+        os.mkdir(where)
+        measure = measured == [f]
+        prove = lambda in_place, folder, f=f, measure=measure: (staged, *proven_at(
+            f.plan, staged.path(f.name), folder, limits, f.fed, in_place, measure))
+        _, held[name], failures, weights, figures_of = proven_in_place(f.plan, where, said, prove)
+        figures = figures_of if measure else figures
+        # a table stored anew (genai's [width, vocab] one, as "<name>_rows") counted under its old name too
+        held[name].update({r.table: held[name][r.now] for r in rewritten if r.now in held[name]})
+        if failures:
+            say(f"retie: {name}: " + (failures[0] if failures[0].startswith("failed") else
+                                      f"not proven, nothing written: {failures[0]}") + "\n")
+            return None
+        if rewritten:
+            say(rewritten_line(rewritten, model, info["shape"], f"{name}: ", f.fed, weights))
+        if keep:
+            say(kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(r.hidden for r in rewritten)))
+    return Proven(held, figures)
 
 
 def _keeping(items, logits_to_keep, say):
@@ -211,70 +261,3 @@ def _why_not_borrowed(table, head):
     return None
 
 
-def _say_memory(vocabulary, measured, say):
-    """One line: the Pss one process holding every session grew by, before and after (and with prepacking off,
-    where that was measured); then each table held more than once before."""
-    on, off = measured.get("defaults"), measured.get("no_prepacking")
-    was = next((v["in_memory"]["defaults"] for v in vocabulary), None)
-    if on is None or was is None or was["resident_bytes"] is None:
-        say(f"retie: not measured in one process{': ' + measured['error'] if 'error' in measured else ''}\n")
-        return
-    largest = max((v["bytes"] for v in vocabulary), default=0)
-    if largest < counting.RESOLUTION:  # a session's own pages move by more than such a table between runs
-        say(f"retie: in one process holding every session: resident (Pss) {on['resident_bytes'] / 2**20:+.1f} MiB "
-            f"after a run of each, was {was['resident_bytes'] / 2**20:+.1f}: the largest table, "
-            f"{human(largest)}, is too small to show in it (copies counted below)\n")
-        return
-    say(f"retie: in one process holding every session, under onnxruntime's default SessionOptions: "
-        f"{on['resident_bytes'] / 2**20:+.1f} MiB Pss after a run of each (was {was['resident_bytes'] / 2**20:+.1f}"
-        + (f"; {off['resident_bytes'] / 2**20:.1f} with {counting.NO_PREPACKING}" if off else "") + ")\n")
-
-
-
-def _stored_after(out, names):
-    """How many distinct stored tensors the (file, initializer) `names` are in the files written to `out`: a data
-    file's range once however many names it, a tensor in a model file once each; names gone (a head now reading
-    the table) are not counted."""
-    places = set()
-    for file, name in names:
-        model = onnx.load(os.path.join(out, file), load_external_data=False)
-        for t in model.graph.initializer:
-            if t.name != name:
-                continue
-            where = {e.key: e.value for e in t.external_data}
-            places.add((os.path.dirname(file), where["location"], where.get("offset", "0"))
-                       if t.data_location == TensorProto.EXTERNAL else (file, name))
-    return len(places)
-
-
-def _outcomes(result, out, held, place, per_file=False):
-    """One line per table the folder held more than once: stored and held before -> after, and the bytes saved.
-    After, on disk: the files written, read back; in memory: each file's copies as its proof counted them (held:
-    {file: {table: copies}}) or, for a file left as it was, as its report did; the copies one mapped range of the
-    shared data file counts once, plus each file's beyond it, or, with `per_file` (each file has data of its own:
-    transformers.js's layout, each place a table is stored mapped by its own session), every file's added up."""
-    for v in result["across"]["vocabulary"]:
-        was = v["in_memory"]["defaults"]["copies"]
-        if not (v["copies_on_disk"] > 1 or (was or 0) > 1):
-            continue
-        names = {(place[it["file"]], e["initializer"]) for it, e, _ in v["members"]}
-        names |= {(place[it["file"]], t) for it, e, _ in v["members"] for t in held.get(it["file"], {})
-                  if t.startswith(e["initializer"] + "_rows")}  # stored anew under retie.rewrite's name for it
-        on_disk = _stored_after(out, names)
-        each = []  # the copies each file's session holds
-        for it in result["items"]:
-            mine = {e["initializer"] for i, e, _ in v["members"] if i is it}
-            if not mine:
-                continue
-            counted = [n for t, n in held.get(it["file"], {}).items() if t in mine]
-            reported = [e["tables_in_memory"] or 1 for e in it["info"]["vocabulary"] if e["table"] in mine]
-            each.append((counted or reported or [1])[0])
-        after = sum(each) if per_file else 1 + sum(max(n - 1, 0) for n in each)
-        saved = [f"{human((v['copies_on_disk'] - on_disk) * v['bytes'])} on disk"] if v["copies_on_disk"] > on_disk else []
-        saved += [f"{human((was - after) * v['bytes'])} in memory (counted)"] if was is not None and was > after else []
-        stored = (f"stored {times(v['copies_on_disk'])} -> {times(on_disk)}" if v["copies_on_disk"] != on_disk else
-                  f"stored {times(on_disk)}")
-        widened = widened_note(v["format"]) if after > 1 and v.get("format") in NARROW else ""
-        yield (f"retie: {v['table']}: {stored}, held {'?' if was is None else times(was)} -> {times(after)} by the "
-               f"client's process under onnxruntime's defaults{'; saved ' + ', '.join(saved) if saved else ''}"
-               f"{widened}\n")

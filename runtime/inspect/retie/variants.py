@@ -1,11 +1,12 @@
-"""--retie OUT for a transformers.js folder read whole: every dtype variant is retied and proven as the client load
-it is (folder.proven_files), then all of them are written into one new transformers.js folder OUT, each file with
+"""--retie OUT for a transformers.js folder read whole: every dtype variant is planned as the client load it is
+(folder.planned_files), all of them are staged as one new transformers.js folder OUT, each file with
 data files of its own (transformersjs.py) and config.json's use_external_data_format naming every file that has
 them. A variant --retie has nothing to rewrite in (each table held once, or held twice in a form it does not
-rewrite) is written as it is: the same graph and values, its data laid out as transformers.js reads it."""
+rewrite) is written as it is: the same graph and values, its data laid out as transformers.js reads it. Each
+rewritten file is proven where OUT's staging folder holds it (folder.proven_files), and OUT placed last."""
 import os
 
-from graphs.together import chunk_names, save_together
+from graphs.together import chunk_names
 from runtime.model.findings.across import disk_bytes
 from runtime.model.findings.counting import human
 from runtime.model.read import sidecars
@@ -13,38 +14,53 @@ from runtime.model.read.layout import transformersjs_root
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie import keep as keeps
 from runtime.inspect.retie import transformersjs
-from runtime.inspect.retie.folder import data_name, disk_change, measured_again, placed, proven_files
+from runtime.inspect.retie import outcomes
+from runtime.inspect.retie.folder import StagedOut, disk_change, planned_files, proven_files
 
 
 def retie_variants(found, out, scratch, limits, say, logits_to_keep=None):
     """Retie every variant of `found` (analysis.analyse's, each variant's result with its `verdict`)
     into the new folder `out`; the exit status: 0 written (or nothing to do), 1 a variant's proof failed (nothing
     written). `logits_to_keep`: --logits-to-keep's K, for each variant with a file whose head scores every prompt
-    position; InspectError where none has."""
+    position; InspectError where none has. Every variant is planned, OUT staged beside its name, each rewritten
+    file proven there, and OUT renamed into place last."""
     keeping = _keeping(found, logits_to_keep, say)
-    proven = []
-    for i, f in enumerate(found):
-        where, held = os.path.join(scratch, f"retie-{i}"), {}
-        os.mkdir(where)
+    planned = []
+    for f in found:
         said = lambda line, dtype=f["dtype"]: say(line.replace("retie: ", f"retie: {dtype}: ", 1))
-        done = proven_files(f["result"], where, limits, said, keeping[f["dtype"]], held)
-        if done is None:
-            return 1
-        proven.append({"found": f, "models": done[0], "changed": done[1], "held": held, "scratch": where})
-    if not any(p["changed"] for p in proven):
+        files = planned_files(f["result"], said, keeping[f["dtype"]])
+        planned.append({"found": f, "files": files, "changed": any(x.plan for x in files), "said": said})
+    if not any(p["changed"] for p in planned):
         say("retie: nothing to do: no variant holds a table twice in a form --retie rewrites (any left is named "
             "above)\n")
         return 0
-    for p in proven:
+    for p in planned:
         if not p["changed"]:
             say(f"retie: {p['found']['dtype']}: written as it is: {_why_left(p['found']['result']['verdict'])}\n")
     root = transformersjs_root(found[0]["result"]["folder"])[0]
-    written, config = _write(proven, out, root, limits, say)
-    for p in proven:
-        _said_after(p, out, written, limits, say)
-    where = [os.path.dirname(name) for p in proven for name, _, _ in p["models"]]
-    for line in sidecars.copy_into(root, out, where, skip=config.names()):
-        say(f"retie: {line}\n")
+    every = [x for p in planned for x in p["files"]]
+    config = transformersjs.Config(root, [x.name for x in every], say)
+    staged, lines = StagedOut(every, out, config), []
+    try:
+        for i, p in enumerate(planned):
+            where = os.path.join(scratch, f"retie-{i}")
+            os.mkdir(where)
+            p["proven"] = proven_files(p["files"], staged, where, limits, p["said"], keeping[p["found"]["dtype"]])
+            if p["proven"] is None:
+                return 1
+            p["scratch"] = where
+        dtypes = ", ".join(p["found"]["dtype"] for p in planned)
+        lines.append(f"retie: wrote {out}: {len(planned)} dtype variant(s) ({dtypes}), {len(every)} file(s), each "
+                     f"with its own data file(s) <file>_data (transformers.js's layout{config.said()})\n")
+        for p in planned:
+            _said_after(p, staged, limits, lines.append)
+        where = [os.path.dirname(x.name) for x in every]
+        lines += [f"retie: {line}\n" for line in sidecars.copy_into(root, staged.root(), where, skip=config.names())]
+        staged.place(limits)
+    finally:
+        staged.discard()
+    for line in lines:
+        say(line)
     return 0
 
 
@@ -78,39 +94,16 @@ def _why_left(verdict):
             "every table held once (no --retie needed)")
 
 
-def _write(proven, out, root, limits, say):
-    """Every variant's files written into OUT at once (graphs.together.save_together in transformers.js's layout,
-    config.json naming each file's data chunks): (the paths written, the transformersjs.Config)."""
-    limits.progress(f"writing {out}")
-    models = []
-    for p in proven:
-        place = placed(p["found"]["result"])
-        p["models"] = [(place[name], proto, sources) for name, proto, sources in p["models"]]
-        models += p["models"]
-    names = [name for name, _, _ in models]
-    config = transformersjs.Config(root, names, say)
-    try:
-        written = save_together(models, out, data_name(names), chunk_bytes=transformersjs.CHUNK_BYTES,
-                                then=config.written)
-    except ValueError as e:  # a name that would leave OUT (the layout's are checked before: never, by design)
-        raise InspectError(f"--retie {out}: {e}; nothing written") from None
-    limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
-    dtypes = ", ".join(p["found"]["dtype"] for p in proven)
-    say(f"retie: wrote {out}: {len(proven)} dtype variant(s) ({dtypes}), {len(models)} file(s), each with its own "
-        f"data file(s) <file>_data (transformers.js's layout{config.said()})\n")
-    return written, config
-
-
-def _said_after(p, out, written, limits, say):
-    """A variant's bytes on disk before -> after, then, where it was rewritten, what its files in OUT hold, measured
-    (folder.measured_again)."""
+def _said_after(p, staged, limits, say):
+    """A variant's bytes on disk before -> after, then, where it was rewritten, what its files in OUT (`staged`, a
+    folder.StagedOut) hold, measured (outcomes.measured_again)."""
     dtype, result = p["found"]["dtype"], p["found"]["result"]
-    mine = [os.path.join(out, name) for name, _, _ in p["models"]]
-    after = sum(os.path.getsize(path) for m in mine for path in [m] + chunk_names(written, m))
+    written = staged.written()
+    after = sum(os.path.getsize(staged.path(n)) for x in p["files"] for n in [x.name] + chunk_names(written, x.name))
     before = disk_bytes(result["items"])
-    say(f"retie: {dtype}: {', '.join(name for name, _, _ in p['models'])}: {human(before)} -> {human(after)} on disk "
+    say(f"retie: {dtype}: {', '.join(x.name for x in p['files'])}: {human(before)} -> {human(after)} on disk "
         f"({disk_change(before, after)})\n")
     if not p["changed"]:  # written as it is (said): what its sessions hold is as the report said
         return
     said = lambda line: say(line.replace("retie: ", f"retie: {dtype}: ", 1))
-    measured_again(result, out, p["held"], p["scratch"], limits, said, after)
+    outcomes.measured_again(result, staged, p["proven"], p["scratch"], limits, said)

@@ -32,34 +32,35 @@ class Plan(NamedTuple):
 
 
 def proven(plan, folder, limits, upstream=(), in_place=None, out=None):
-    """Stage `plan`'s rewritten model (as `out` beside it, else in `folder`), prove it (isolated) and count the copies a
-    session would hold under onnxruntime's defaults: (the graphs.storage.Staged model, {table now: copies held},
-    failures: empty when proven, the retied model's figures under the defaults where measured (a single file: `out`
-    given), else None); the caller places or discards it. InspectError when the original cannot be run
-    on the proof's feeds (nothing about the retie is known). `upstream`: the inputs other files of a folder make
-    (proof._fed_from); `in_place`: the weights retie.branches read in place (branches.Shared, its drift set from the
-    proof), so the original is run with prepacking off and no session may prepack them; the plan's `keep` gets the
-    proof's {"exact"} as its `kept`."""
+    """Stage `plan`'s rewritten model (as `out` beside it, else in `folder`) and prove it there (proven_at, measured
+    where `out` is given: a single file): (the graphs.storage.Staged model, proven_at's held, failures and
+    figures); the caller places or discards it."""
     limits.progress(f"writing the retied model beside {out}, to prove it" if out else
                     "writing the retied model to the scratch folder, to prove it")
     # checked, like everything else, in the child; proven where it is written, and placed as it was proven
     holder = stage(plan.model.proto, out or os.path.join(folder, "retied.onnx"), sources=plan.sources)
     try:
-        held, failures, measured = _prove_staged(plan, holder.path, folder, limits, upstream, in_place,
-                                                 measure=out is not None)
+        held, failures, measured = proven_at(plan, holder.path, folder, limits, upstream, in_place,
+                                             measure=out is not None)
     except BaseException:
         holder.discard()
         raise
     return holder, held, failures, measured
 
 
-def _prove_staged(plan, staged, folder, limits, upstream, in_place, measure):
-    """proven()'s proof and count, of the model staged at `staged`: ({table now: copies held}, failures, the
-    figures of the proof's session of it under the defaults where `measure` and they stand, else None)."""
+def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=False):
+    """Prove `plan`'s rewritten model, written at `staged` (isolated; `folder` the scratch folder its proof writes
+    in) and count the copies a session would hold under onnxruntime's defaults: ({table now: copies held},
+    failures: empty when proven, the figures of the proof's session of it under the defaults where `measure` and
+    they stand, else None). InspectError when the original cannot be run on the proof's feeds (nothing about the
+    retie is known). `upstream`: the inputs other files of a folder make (proof._fed_from); `in_place`: the weights
+    retie.branches read in place (branches.Shared, its drift set from the proof), so the original is run with
+    prepacking off and no session may prepack them; the plan's `keep` gets the proof's {"exact"} as its `kept`."""
     model, found, rewritten, _, keep = plan
     optimized = os.path.join(folder, "retied.optimized.onnx")
     finals = sorted({r.now for r in rewritten})
-    sizes = copy_sizes(model, [{"initializer": final} for final in finals])  # None: its data written too
+    # a table stored anew ("<table>_rows", not among the original's tensors) holds the table's elements
+    sizes = copy_sizes(model, [{"initializer": r.now if r.now in model.tensors else r.table} for r in rewritten])
     renamed = keep["renamed"] if keep else {}  # the hidden state a head reads, as the original names it
     job = jobs.prove(jobs.Proof(
         os.path.abspath(model.path), model.checked, staged, [r._replace(hidden=renamed.get(r.hidden, r.hidden))
@@ -109,14 +110,15 @@ def _prove_staged(plan, staged, folder, limits, upstream, in_place, measure):
     return held, failures, figures if figures and answer["owned_bytes"] <= OWNED_MOST else None
 
 
-def proven_in_place(plan, folder, limits, say, upstream=(), out=None):
-    """proven(), a merged decoder's shared weights read in place first (branches.in_place); where that is not
-    proven, the weights are left as they were and the rest proven alone: (staged, held, failures, the weights read
-    in place (branches.Shared, empty where none), proven()'s figures)."""
+def proven_in_place(plan, folder, say, prove):
+    """A proof, a merged decoder's shared weights read in place first (branches.in_place); where that is not
+    proven, the weights are left as they were and the rest proven alone. `prove(in_place, folder)` stages the
+    plan's model as it is then and proves it (proven()'s): (staged, with a discard(), held, failures, figures).
+    Returns (staged, held, failures, the weights read in place (branches.Shared, empty where none), figures)."""
     # --logits-to-keep alone leaves the weights as they are: its k = 0 is then the original as users run it, bit for bit
     weights, undo = (branches.in_place(plan.model, plan.found, say) if plan.rewritten else
                      (branches.Shared({}), lambda: None))
-    staged, held, failures, measured = proven(plan, folder, limits, upstream, weights, out)
+    staged, held, failures, measured = prove(weights, folder)
     if weights and failures:
         say(f"retie: the weights its branches share are left as they are (read in place: {failures[0]})\n")
         undo()
@@ -124,7 +126,7 @@ def proven_in_place(plan, folder, limits, say, upstream=(), out=None):
         # apart: nothing is overwritten
         weights, alone = branches.Shared({}), os.path.join(folder, "weights_as_they_were")
         os.mkdir(alone)
-        staged, held, failures, measured = proven(plan, alone, limits, upstream, out=out)
+        staged, held, failures, measured = prove(weights, alone)
     return staged, held, failures, weights, measured
 
 
@@ -135,8 +137,9 @@ def retie(model, found, out_path, folder, limits, say, logits_to_keep=None):
     if not rewritten and not keep:
         say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
         return 0
-    staged, held, failures, weights, measured = proven_in_place(Plan(model, found, rewritten, sources, keep), folder,
-                                                                limits, say, out=out_path)
+    plan = Plan(model, found, rewritten, sources, keep)
+    staged, held, failures, weights, measured = proven_in_place(
+        plan, folder, say, lambda in_place, where: proven(plan, where, limits, (), in_place, out_path))
     try:
         if failures:
             say(f"retie: {failures[0]}\n" if failures[0].startswith("failed") else
