@@ -3,6 +3,7 @@ table's vocab x width) is read and related, a layer's weights never; a default r
 (prepacking off under --verbose, which alone shows it); findings stay linear in the heads and outputs (one walk
 of the graph for every head's scored output). These tests time nothing: they count reads, children and walks."""
 import collections
+import os
 
 import onnx
 import pytest
@@ -170,3 +171,42 @@ def test_layered_folder_measured_reads_no_layer_weight_for_its_runtime_copies(tm
     folded = [c for it in found["items"] for c in it["info"]["runtime_copies"] if c["shape"] == [16, 16]]
     assert len(folded) == 2 * LAYERS and not any(c.get("copy_of") for c in folded)
     assert _layer_reads(reads) == {}
+
+
+@pytest.fixture
+def parses(monkeypatch, tmp_path):
+    """How many times the parent reads each model file's protobuf (wire.read_file, which read.model.load's parse
+    goes through): {its path under tmp_path: times}."""
+    from runtime.model.read import wire
+    counted, read = collections.Counter(), wire.read_file
+
+    def counting(path, root=None):
+        counted[os.path.relpath(os.path.realpath(path), os.path.realpath(tmp_path))] += 1
+        return read(path, root)
+    monkeypatch.setattr(wire, "read_file", counting)
+    return counted
+
+
+def _retied(argv, capsys):
+    from runtime.inspect import cli
+    assert cli.main(argv, supervised=False) == 0
+    return capsys.readouterr().out
+
+
+def test_retie_of_a_file_parses_it_once(tmp_path, parses, capsys):
+    path = str(tmp_path / "m.onnx")
+    onnx.save(layered(LAYERS), path)  # inline: one protobuf holding every weight
+    _retied([path, "--retie", str(tmp_path / "out.onnx")], capsys)
+    # the original once (what the children wrote, its optimized layout and OUT, are other files)
+    originals = {name: n for name, n in parses.items() if name.startswith("m.onnx")}
+    assert originals == {"m.onnx": 1}
+
+
+def test_retie_of_a_folder_parses_each_file_once(tmp_path, parses, capsys):
+    folder = tmp_path / "split"
+    folder.mkdir()
+    for name in ("a.onnx", "b.onnx"):
+        onnx.save(layered(LAYERS), str(folder / name))
+    _retied([str(folder), "--retie", str(tmp_path / "out")], capsys)
+    originals = {name: n for name, n in parses.items() if name.startswith("split")}
+    assert originals == {"split/a.onnx": 1, "split/b.onnx": 1}
