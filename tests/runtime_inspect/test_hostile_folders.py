@@ -376,7 +376,7 @@ def test_a_link_out_of_the_hub_repository_is_refused(tmp_path):
 
 def test_a_change_in_bytes_or_memory_reads_as_its_sign_says():
     # failed before issue 37: "saved -1489" where OUT was larger, and "was +-1.7 MiB" for a Pss that fell
-    from runtime.inspect.retie.folder import disk_change
+    from runtime.inspect.retie.lines import disk_change
     from runtime.inspect.retie.outcomes import _say_memory
     assert (disk_change(9404, 7460), disk_change(6000, 7489)) == ("saved 1.9 KiB", "1.5 KiB more")
     said = []

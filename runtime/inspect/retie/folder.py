@@ -10,16 +10,15 @@ from typing import NamedTuple
 
 from graphs.together import stage_together
 from runtime.model.findings.across import disk_bytes
-from runtime.model.findings.counting import human
 from runtime.model.findings.relations import stored_as_table
 from runtime.model.read import sidecars
 from runtime.model.read.layout import transformersjs_root
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import external_sources
 from runtime.inspect.retie.rewrite import borrow
-from runtime.inspect.retie import outcomes, transformersjs
+from runtime.inspect.retie import lines, outcomes, transformersjs
 from runtime.inspect.retie import keep as keeps
-from runtime.inspect.retie.write import Plan, kept_line, planned_keeping, proven_at, proven_in_place, rewritten_line
+from runtime.inspect.retie.write import Plan, planned_keeping, proven_at, proven_in_place
 
 DATA = "model.data"  # the one data file OUT's models share
 
@@ -50,10 +49,10 @@ def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
     tjs = transformersjs_root(result["folder"])  # (root, where its files lie) of a transformers.js folder, or None
     merges = not tjs and any(p["relation"] == "duplicate" for p in result["across"]["pairs"])  # one data file's
     if not any(f.plan for f in files) and not merges:
-        say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
+        say(lines.NOTHING)
         return 0
     config = transformersjs.Config(tjs[0], [f.name for f in files], say) if tjs else None
-    staged, lines = StagedOut(files, out, config), []
+    staged, said = StagedOut(files, out, config), []
     try:
         proven = proven_files(files, staged, scratch, limits, say, logits_to_keep)
         if proven is None:
@@ -61,20 +60,19 @@ def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
         before, after = disk_bytes(result["items"]), staged.bytes()
         shared = (f", each with its own data file(s) <file>_data (transformers.js's layout{config.said()})" if tjs else
                   f" and one {staged.data} they share")
-        lines.append(f"retie: wrote {out}: {len(files)} file(s){shared}: {human(before)} -> {human(after)} on "
-                     f"disk ({disk_change(before, after)})\n")
-        outcomes.measured_again(result, staged, proven, scratch, limits, lines.append)
+        said.append(lines.wrote_line(out, before, after, f"{len(files)} file(s){shared}"))
+        outcomes.measured_again(result, staged, proven, scratch, limits, said.append)
         # the sidecars at the folder's top (config.json beside transformers.js's onnx/ too, its root's when read
         # from onnx/) and beside the files; every file keeps its name, so genai_config.json is copied naming the
         # files it named, as they resolve
         where = [os.path.dirname(f.name) for f in files]
-        lines += [f"retie: {line}\n" for line in sidecars.copy_into(tjs[0] if tjs else result["folder"],
+        said += [f"retie: {line}\n" for line in sidecars.copy_into(tjs[0] if tjs else result["folder"],
                                                                      staged.root(), where,
                                                                      skip=config.names() if tjs else ())]
         staged.place(limits)
     finally:
         staged.discard()
-    for line in lines:
+    for line in said:
         say(line)
     return 0
 
@@ -165,13 +163,12 @@ def proven_files(files, staged, scratch, limits, say, logits_to_keep=None):
         # a table stored anew (genai's [width, vocab] one, as "<name>_rows") counted under its old name too
         held[name].update({r.table: held[name][r.now] for r in rewritten if r.now in held[name]})
         if failures:
-            say(f"retie: {name}: " + (failures[0] if failures[0].startswith("failed") else
-                                      f"not proven, nothing written: {failures[0]}") + "\n")
+            say(lines.failure_line(failures[0], f"{name}: "))
             return None
         if rewritten:
-            say(rewritten_line(rewritten, model, info["shape"], f"{name}: ", f.fed, weights))
+            say(lines.rewritten_line(rewritten, model, info["shape"], f"{name}: ", f.fed, weights))
         if keep:
-            say(kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(r.hidden for r in rewritten)))
+            say(lines.kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(r.hidden for r in rewritten)))
     return Proven(held, figures)
 
 
@@ -189,11 +186,6 @@ def _keeping(items, logits_to_keep, say):
         raise InspectError("--logits-to-keep: no file of the folder can keep the last positions "
                            f"({'; '.join(reasons)})")
     return {name for name, reason in why.items() if reason is None}
-
-
-def disk_change(before, after):
-    """'saved N' or 'N bytes more' (alignment padding can outweigh a small table): never a negative saving."""
-    return f"saved {human(before - after)}" if after <= before else f"{human(after - before)} more"
 
 
 def data_name(files):

@@ -5,11 +5,10 @@ import os
 import onnx
 from onnx import TensorProto
 
-from runtime.bounds import NARROW
 from runtime.model.findings import counting
-from runtime.model.findings.counting import DEFAULTS, human, times
+from runtime.model.findings.counting import DEFAULTS, human
 from runtime.model.read.layout import transformersjs_root
-from runtime.inspect.retie.write import widened_note
+from runtime.inspect.retie import lines
 from runtime.inspect.sandbox import memory
 
 
@@ -97,11 +96,5 @@ def _outcomes(result, out, held, place, per_file=False):
             reported = [e["tables_in_memory"] or 1 for e in it["info"]["vocabulary"] if e["table"] in mine]
             each.append((counted or reported or [1])[0])
         after = sum(each) if per_file else 1 + sum(max(n - 1, 0) for n in each)
-        saved = [f"{human((v['copies_on_disk'] - on_disk) * v['bytes'])} on disk"] if v["copies_on_disk"] > on_disk else []
-        saved += [f"{human((was - after) * v['bytes'])} in memory (counted)"] if was is not None and was > after else []
-        stored = (f"stored {times(v['copies_on_disk'])} -> {times(on_disk)}" if v["copies_on_disk"] != on_disk else
-                  f"stored {times(on_disk)}")
-        widened = widened_note(v["format"]) if after > 1 and v.get("format") in NARROW else ""
-        yield (f"retie: {v['table']}: {stored}, held {'?' if was is None else times(was)} -> {times(after)} by the "
-               f"client's process under onnxruntime's defaults{'; saved ' + ', '.join(saved) if saved else ''}"
-               f"{widened}\n")
+        yield lines.outcome_line(v["table"], (v["copies_on_disk"], on_disk), (was, after), v["bytes"],
+                                 "the client's process", v.get("format"), (" (counted)", "")) + "\n"

@@ -8,14 +8,13 @@ import os
 
 from graphs.together import chunk_names
 from runtime.model.findings.across import disk_bytes
-from runtime.model.findings.counting import human
 from runtime.model.read import sidecars
 from runtime.model.read.layout import transformersjs_root
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie import keep as keeps
 from runtime.inspect.retie import transformersjs
-from runtime.inspect.retie import outcomes
-from runtime.inspect.retie.folder import StagedOut, disk_change, planned_files, proven_files
+from runtime.inspect.retie import lines, outcomes
+from runtime.inspect.retie.folder import StagedOut, planned_files, proven_files
 
 
 def retie_variants(found, out, scratch, limits, say, logits_to_keep=None):
@@ -40,7 +39,7 @@ def retie_variants(found, out, scratch, limits, say, logits_to_keep=None):
     root = transformersjs_root(found[0]["result"]["folder"])[0]
     every = [x for p in planned for x in p["files"]]
     config = transformersjs.Config(root, [x.name for x in every], say)
-    staged, lines = StagedOut(every, out, config), []
+    staged, said = StagedOut(every, out, config), []
     try:
         for i, p in enumerate(planned):
             where = os.path.join(scratch, f"retie-{i}")
@@ -50,16 +49,16 @@ def retie_variants(found, out, scratch, limits, say, logits_to_keep=None):
                 return 1
             p["scratch"] = where
         dtypes = ", ".join(p["found"]["dtype"] for p in planned)
-        lines.append(f"retie: wrote {out}: {len(planned)} dtype variant(s) ({dtypes}), {len(every)} file(s), each "
+        said.append(f"retie: wrote {out}: {len(planned)} dtype variant(s) ({dtypes}), {len(every)} file(s), each "
                      f"with its own data file(s) <file>_data (transformers.js's layout{config.said()})\n")
         for p in planned:
-            _said_after(p, staged, limits, lines.append)
+            _said_after(p, staged, limits, said.append)
         where = [os.path.dirname(x.name) for x in every]
-        lines += [f"retie: {line}\n" for line in sidecars.copy_into(root, staged.root(), where, skip=config.names())]
+        said += [f"retie: {line}\n" for line in sidecars.copy_into(root, staged.root(), where, skip=config.names())]
         staged.place(limits)
     finally:
         staged.discard()
-    for line in lines:
+    for line in said:
         say(line)
     return 0
 
@@ -101,8 +100,7 @@ def _said_after(p, staged, limits, say):
     written = staged.written()
     after = sum(os.path.getsize(staged.path(n)) for x in p["files"] for n in [x.name] + chunk_names(written, x.name))
     before = disk_bytes(result["items"])
-    say(f"retie: {dtype}: {', '.join(x.name for x in p['files'])}: {human(before)} -> {human(after)} on disk "
-        f"({disk_change(before, after)})\n")
+    say(f"retie: {dtype}: {', '.join(x.name for x in p['files'])}: {lines.on_disk(before, after)}\n")
     if not p["changed"]:  # written as it is (said): what its sessions hold is as the report said
         return
     said = lambda line: say(line.replace("retie: ", f"retie: {dtype}: ", 1))

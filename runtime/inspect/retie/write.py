@@ -5,19 +5,16 @@ from typing import NamedTuple
 from onnx import TensorProto
 
 from graphs.storage import stage
-from runtime.bounds import NARROW, bound_words
-from runtime.model.findings import counting
 from runtime.model.findings.copies import copy_sizes, runtime_copies
-from runtime.model.findings.counting import human, stored_copies, times
+from runtime.model.findings.counting import stored_copies
 from runtime.model.findings.vocabulary import copy_key
 from runtime.model.read import sidecars
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
-from runtime.inspect.retie import branches
+from runtime.inspect.retie import branches, lines
 from runtime.inspect.retie.keep import keep_last
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import folding, isolated, jobs, memory
-from runtime.inspect.sandbox.feeds import describe
 from runtime.resident import OWNED_MOST, copies_held, prepacked_copies
 
 
@@ -135,15 +132,14 @@ def retie(model, found, out_path, folder, limits, say, logits_to_keep=None):
     `logits_to_keep`: --logits-to-keep's K (retie.keep), or None."""
     rewritten, sources, keep = planned_keeping(model, found, say, logits_to_keep)
     if not rewritten and not keep:
-        say("retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n")
+        say(lines.NOTHING)
         return 0
     plan = Plan(model, found, rewritten, sources, keep)
     staged, held, failures, weights, measured = proven_in_place(
         plan, folder, say, lambda in_place, where: proven(plan, where, limits, (), in_place, out_path))
     try:
         if failures:
-            say(f"retie: {failures[0]}\n" if failures[0].startswith("failed") else
-                f"retie: not proven, nothing written: {failures[0]}\n")
+            say(lines.failure_line(failures[0]))
             return 1
         if measured is None:  # what gained_line reports
             part = {"model": staged.path, "rows": found["rows"], "shape": found["shape"]}
@@ -157,16 +153,14 @@ def retie(model, found, out_path, folder, limits, say, logits_to_keep=None):
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     size = sum(os.path.getsize(p) for p in written)
     if rewritten:
-        say(rewritten_line(rewritten, model, found["shape"], weights=weights))
+        say(lines.rewritten_line(rewritten, model, found["shape"], weights=weights))
     if keep:
-        say(kept_line(keep, logits_to_keep, found["shape"], retied=any(r.hidden for r in rewritten)))
+        say(lines.kept_line(keep, logits_to_keep, found["shape"], retied=any(r.hidden for r in rewritten)))
     was = {v["table"]: v for v in found["vocabulary"]}
     for table, original in {r.now: r.table for r in rewritten}.items():
-        say(gained_line(table, held[table], was.get(original), measured.get("defaults"),
-                        stored_copies(found["pairs"], original)[0]))
-    saved = model.file_bytes - size
-    say(f"retie: wrote {out_path}: {human(model.file_bytes)} -> {human(size)} on disk "
-        f"({f'saved {human(saved)}' if saved >= 0 else f'{human(-saved)} more'})\n")
+        say(lines.gained_line(table, held[table], was.get(original), measured.get("defaults"),
+                              stored_copies(found["pairs"], original)[0]))
+    say(lines.wrote_line(out_path, model.file_bytes, size))
     for line in sidecars.copy_beside(model.path, out_path):
         say(f"retie: {line}\n")
     return 0
@@ -180,100 +174,3 @@ def planned_keeping(model, found, say, logits_to_keep):
     return rewritten, sources, keep
 
 
-AS_RETIED = "as the original (the retied logits within their bound)"  # k = 0, a head retied in the same run
-
-
-def kept_line(keep, default, shape, where="", retied=False):
-    """The line that says what --logits-to-keep added and what its proof found; `retied`: a head was retied in the
-    same run (its logits then within their bound at k = 0 too)."""
-    exact = (keep.get("kept") or {}).get("exact")
-    nbits = any(h.nbits for h in keep["heads"].values())
-    narrow = [f for f in (keep.get("kept") or {}).get("formats", []) if f in NARROW]
-    last = ("bit for bit (the kernel computes each row alike)" if exact else
-            "within MatMulNBits' bound at its accuracy level" if nbits else
-            f"within {' and '.join(map(bound_words, narrow or ['float32']))}")
-    return (f"retie: {where}{', '.join(keep['outputs'])}: input {keep['input']} (int64 scalar, default {default}) "
-            f"keeps the last k positions before the head (0: all); proven on decoder feeds ({describe(shape)}): "
-            f"with 0 every output {AS_RETIED if retied else 'bit for bit'}, with 1 the last position's logits {last} "
-            "and every other output bit for bit\n")
-
-
-def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):
-    """The line that says what a proven retie of `model` rewrote and on which feeds (feeds.plan's `shape`; `fed`:
-    the inputs another file made, retie_folder.upstream; `weights`: branches.in_place's, the shared weights read in
-    place); `where`: the file's name and ': ', in a folder."""
-    kept = ", ".join(sorted({r.now for r in rewritten}))
-    heads = sum(r.hidden is not None for r in rewritten)
-    lookups = len(rewritten) - heads
-    changed = [f"{heads} head{'s' if heads != 1 else ''} now a Gemm on its run-time view"] if heads else []
-    changed += [f"{lookups} lookup{'s' if lookups != 1 else ''} now reading the head's codes"] if lookups else []
-    if weights:
-        size = sum(weights.sizes.values())
-        size = f"{size / 2**20:.1f} MiB" if size >= 2**20 // 10 else f"{size} bytes"
-        changed.append(f"the {len(weights.sizes)} weight{'s' if len(weights.sizes) != 1 else ''} its branches share "
-                       f"({size}, each prepacked once per branch before) read in place")
-    merged = any(v.name == "use_cache_branch" for v in model.proto.graph.input)
-    feeds = describe(shape) + (", both branches of use_cache_branch" if merged else "") + "".join(
-        f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
-    return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "
-            f"{_heads_said(getattr(weights, 'heads', None))}, every other output {_others(weights)}\n")
-
-
-def _heads_said(found):
-    """What the proof found of the heads' outputs (agree.heads_found's, or None), in words: within float32's bound,
-    or within the bound of the narrower format they were compared in, and whether they were bit for bit there."""
-    narrow = [f for f in (found or {}).get("formats", []) if f in NARROW]
-    if not narrow:
-        return "the logits within float32's rounding bound"
-    seen = " (on these feeds bit for bit)" if found["exact"] else ""
-    return f"the logits within {' and '.join(map(bound_words, narrow))}{seen}"
-
-
-def _others(weights):
-    """What the proof found of the outputs other than the heads: bit for bit, and where a merged decoder's weights
-    are read in place, against which run of the export, and how far they lie from its run under the defaults."""
-    if not weights:
-        return "bit for bit"
-    drift = weights.drift
-    if drift is None:
-        return f"bit for bit with the export's run under {counting.NO_PREPACKING}"
-    if not drift["most"]:
-        return f"bit for bit with the export's run under the defaults and under {counting.NO_PREPACKING}"
-    # not a bound on every feed: the export's own two runs differ so, their products each within float32's bound
-    return (f"bit for bit with the export's run under {counting.NO_PREPACKING}; under the defaults the export's "
-            "kernels read their own packed copies and sum a row's products in another order, each product within "
-            f"float32's rounding bound of the other's: its outputs lay within {drift['most']:.2g} of these on these "
-            f"feeds ({drift['output']}, {drift['at']}; values up to {drift['largest']:.2g})")
-
-
-def widened_note(fmt):
-    """What a float16 / bfloat16 table's second copy after a retie is, to end an outcome line with."""
-    return (f"; one is onnxruntime's CPU provider's float32 widening of the {fmt} head's weight, which no rewrite "
-            f"that keeps the table {fmt} removes")
-
-
-def gained_line(table, copies, was, figures, on_disk):
-    """The outcome of a retie for `table`, in one line: its copies on disk (`on_disk`, before) and in a session under
-    onnxruntime's defaults (`copies` after; the vocabulary entry `was` before) before -> after, and the bytes that
-    saves; what a run adds (memory.measure's `figures`) only where the table is large enough for resident bytes to
-    show it (counting.RESOLUTION), else that it is too small to; why, where the copies stay as they were."""
-    counted = None if was is None else was["tables_in_memory"]
-    size = 0 if was is None else was["bytes"]
-    stored = f"stored {times(on_disk)} -> once" if on_disk > 1 else "stored once"
-    line = (f"retie: {table}: {stored}, held {'?' if counted is None else times(counted)} -> {times(copies)} by a "
-            "session under onnxruntime's defaults")
-    saved = [f"{human((on_disk - 1) * size)} on disk"] if on_disk > 1 else []
-    saved += [f"{human((counted - copies) * size)} in memory"] if counted is not None and counted > copies else []
-    line += f"; saved {', '.join(saved)}" if saved else ""
-    before = None if was is None else was["in_memory"]["defaults"].get("resident_bytes")
-    after = None if figures is None else figures.get("resident_bytes")
-    if size >= counting.RESOLUTION and None not in (before, after):
-        line += f" (one run adds {human(after)} resident, was {human(before)})"
-    elif size:
-        line += f" (counted: {human(size)} is too small a table for resident bytes to show it)"
-    fmt = None if was is None else was.get("format")
-    if copies > 1 and fmt in NARROW:
-        line += widened_note(fmt)
-    elif copies == counted and copies > 1:
-        line += "; the head's kernel prepacks its own copy of the codes, with or without the retie"
-    return line + "\n"
