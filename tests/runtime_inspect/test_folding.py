@@ -1,6 +1,6 @@
 """The copies constant folding makes of a table, recomputed by onnxruntime from the node that made them instead of
 written with the optimized model's data (sandbox.folding): the same values, bit for bit, as numpy's own transpose
-of the table; a copy no node made (the CPU provider's float32 widening) is left to the data's write."""
+of the table, and the CPU provider's float32 widening of a float16 table as numpy widens it."""
 import os
 
 import numpy as np
@@ -43,16 +43,37 @@ def test_inspect_writes_the_copy_beside_the_layout_and_no_data_file(tmp_path):
     assert copy["view"] == "transposed"  # told by comparing the recomputed values with the table's
 
 
-def test_a_widened_float16_copy_is_not_recomputed(tmp_path):
-    vocab, width = 64, 8
+def _float16(tmp_path, vocab=64, width=8):
     path = str(tmp_path / "m.onnx")
     onnx.save(convert_float_to_float16(onnx.load(tied(str(tmp_path / "float32.onnx"), vocab, width)),
                                        keep_io_types=True), path)
+    return path
+
+
+def test_a_widened_float16_copy_is_recomputed_as_numpy_widens_the_table(tmp_path):
+    path, vocab, width = _float16(tmp_path), 64, 8
     layout_path = str(tmp_path / "optimized.onnx")
     write_optimized_layout(path, layout_path)
     proto, layout = onnx.load(path), onnx.load(layout_path, load_external_data=False)
-    assert [t.data_type for t in made(proto, layout) if np.prod(t.dims) == vocab * width] == [onnx.TensorProto.FLOAT]
-    assert folding.recomputed(proto, layout, [vocab * width], str(tmp_path)) is None
+    (widened,) = [t for t in made(proto, layout) if np.prod(t.dims) == vocab * width]
+    assert widened.data_type == onnx.TensorProto.FLOAT and widened.name.startswith(folding.WIDENED)
+    (copy,) = folding.recomputed(proto, layout, [vocab * width], str(tmp_path)).graph.initializer
+    (table,) = [numpy_helper.to_array(t) for t in proto.graph.initializer if np.prod(t.dims) == vocab * width]
+    assert table.dtype == np.float16 and copy.name == widened.name
+    values = numpy_helper.to_array(copy)
+    expected = table.astype(np.float32)  # float16 -> float32 is exact: one answer
+    assert values.shape == expected.shape and np.array_equal(values.view(np.uint32), expected.view(np.uint32))
+
+
+def test_inspect_of_a_float16_model_writes_no_data_file(tmp_path):
+    path = _float16(tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    found = inspect_model(path, str(scratch))
+    written = sorted(n for n in os.listdir(scratch) if n.startswith("optimized"))
+    assert written == ["optimized.onnx", "optimized.onnx.copies.onnx"]
+    (copy,) = [c for c in found["runtime_copies"] if str(c.get("view", "")).startswith("widened")]
+    assert copy["copy_of"] == found["vocabulary"][0]["table"]  # told by comparing its recomputed values
 
 
 def _external(name, dims, **entries):

@@ -3,8 +3,9 @@ constant folding makes of its weights, and the float32 copies the CPU provider m
 (sandbox.child, sandbox.proof) decides from these which session writes the optimized model, and whether with its
 data: a guess only chooses the cheaper way, every answer is read from the model onnxruntime wrote."""
 import math
+import re
 
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from graphs.storage import BITS
 from runtime.model.graph.ops import MATMULS
@@ -21,13 +22,27 @@ def _nbytes(tensor):
 
 
 def made_at_load(proto, sizes):
-    """Whether the optimized model must be written with its data for the parent to compare a copy's values: the
-    CPU provider will widen a float16 / bfloat16 weight of one of `sizes` elements (a table-shaped head) into a
-    float32 copy, under a name of its own (`sizes` None: any copy). A copy constant folding makes of a weight is
-    recomputed instead (recomputed())."""
-    if sizes is None:
-        return True
-    return any(t.data_type in HALF and math.prod(t.dims) in sizes for t in proto.graph.initializer)
+    """Whether the optimized model must be written with its data for the parent to compare a copy's values: where
+    any copy is looked for (`sizes` None). A copy of one of `sizes` elements that constant folding makes of a
+    weight, or the CPU provider's float32 widening of a float16 / bfloat16 one, is recomputed instead
+    (recomputed()); `proto` is the model's shell, whose graph decides it."""
+    return sizes is None
+
+
+WIDENED = "FusedBack_"  # onnxruntime's FuseInitializersTransformer: the float32 copy of a half-precision weight
+# the CPU provider's inserted Cast read, named "FusedBack_" + the weight's name (a suffix added if that is taken)
+
+
+def _widening(name, dims, halves):
+    """The half-precision initializer of `halves` {name: TensorProto} whose widened copy the tensor `name` of
+    `dims` is (WIDENED + its name, and its dims), or None."""
+    if not name.startswith(WIDENED):
+        return None
+    rest = name[len(WIDENED):]
+    for weight in (rest, re.sub(r"_token_[0-9]+$", "", rest)):
+        if weight in halves and list(halves[weight].dims) == list(dims):
+            return halves[weight]
+    return None
 
 
 def _folded(proto, initializers):
@@ -79,17 +94,23 @@ def recomputed(proto, layout, sizes, folder):
     written for its layout: runner.write_optimized_layout) made of one of `sizes` elements, under its name, each
     recomputed by onnxruntime from the node of `proto` (the model's shell; its data in `folder`) that constant
     folding folded it from: a Transpose, Reshape or Cast of a weight (_folded), whose output the folded tensor is
-    named after. So the parent compares a copy's values without the optimized model's data being written (every
-    weight again and each prepacked copy: 1.2 GB for a 0.5 GiB model). None where one of them was not folded from
-    such a node (a float16 weight's float32 copy, which the CPU provider makes under a name of its own) or they
-    are too large to hold inline: the caller writes the data then."""
-    from onnx import helper, numpy_helper
+    named after; or, for the CPU provider's float32 copy of a float16 / bfloat16 weight (named after it: WIDENED),
+    from a Cast to float32 of that weight, as the provider's inserted Cast. So the parent compares a copy's values
+    without the optimized model's data being written (every weight again and each prepacked copy: 1.2 GB for a
+    0.5 GiB model). None where one of them was made some other way, or they are too large to hold inline: the
+    caller writes the data then."""
+    from onnx import numpy_helper
 
     from runtime.resident import made
     from runtime.runner import open_session, read_data_from, session_options
     counts = {t.name: math.prod(t.dims) for t in proto.graph.initializer}
     producers = {out: node for node in _folded(proto, counts) for out in node.output}
+    halves = {t.name: t for t in proto.graph.initializer if t.data_type in HALF}
     wanted = [t for t in made(proto, layout) if math.prod(t.dims) in set(sizes or ())]
+    for t in wanted:  # a widened copy: the Cast the CPU provider inserted and folded, made again
+        weight = None if t.name in producers or t.data_type != TensorProto.FLOAT else _widening(t.name, t.dims, halves)
+        if weight is not None:
+            producers[t.name] = helper.make_node("Cast", [weight.name], [t.name], to=TensorProto.FLOAT)
     main = {id(t) for t in layout.graph.initializer}  # a copy made in a branch is written with the data
     if sizes is None or any(id(t) not in main or t.name not in producers for t in wanted) or \
             sum(_nbytes(t) for t in wanted) > INLINE_MOST:
