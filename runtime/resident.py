@@ -121,10 +121,15 @@ def _mapped_alone():
 
 
 def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=proportional, keep=None):
-    """{resident_bytes, anonymous_bytes, file_bytes, peak_bytes}: what sessions on every model of `models` [(path or
-    serialized model, data folder or None, feeds[, layout[, with data]])], all held at once in this process as a
-    client holds them, add after one run each, as `measure` reads it (Pss by default: pages two sessions map count
-    once), and the most resident memory (RSS) they added at any moment on the way (None where Linux does not say);
+    """{resident_bytes, anonymous_bytes, file_bytes, peak_bytes, kept_bytes}: what sessions on every model of
+    `models` [(path or serialized model, data folder or None, feeds[, layout[, with data]])], all held at once in
+    this process as a client holds them, add after one run each, as `measure` reads it (Pss by default: pages two
+    sessions map count once), and the most resident memory (RSS) they added at any moment on the way (None where
+    Linux does not say). The figures are read once glibc has returned the free heap it kept (malloc_trim):
+    memory onnxruntime freed while a session opened that glibc keeps for reuse, whose amount depends on where
+    the allocations fell in this process's randomized address space (SmolLM2's inline Optimum export: 643 MiB
+    held, and 0 to 296 MiB more kept, from one fresh process to the next; steady with ASLR off). `kept_bytes` is
+    that free heap, which the process holds until it reuses or returns it;
     for a fresh process, like session_growth. A model given a layout path (not None) writes its optimized model's
     layout there as its session opens (session_growth's `layout`), or, with data true, the optimized model with its
     data (runner.writing: written through the page cache, which no process's resident set counts)."""
@@ -143,13 +148,15 @@ def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=pro
                                                  providers=["CPUExecutionProvider"],
                                                  disabled_optimizers=set(disabled_optimizers)))
         sessions[-1].run(None, feeds)
-    after = measure()
     peak = _kib("/proc/self/status", ("VmHWM",)).get("VmHWM") if peaks else None
+    untrimmed = measure()
+    after = measure() if _trim() else untrimmed  # what the sessions hold: the free heap glibc kept returned
     if keep is not None:
         keep += sessions
     del sessions
     return {"resident_bytes": after.rss - before.rss, "anonymous_bytes": after.anonymous - before.anonymous,
-            "file_bytes": after.file - before.file, "peak_bytes": None if peak is None else peak - peaks}
+            "file_bytes": after.file - before.file, "peak_bytes": None if peak is None else peak - peaks,
+            "kept_bytes": max(0, untrimmed.rss - after.rss)}
 
 
 def _reset_peak():
@@ -254,10 +261,16 @@ def copies_held(names, optimized, prepacked, prepacking):
 def let_go():
     """Return what this process freed to the system (a session let go): collected, and glibc's free heap trimmed
     (malloc_trim), so that the next session's peak is its own. Nothing where the C library has no malloc_trim."""
+    gc.collect()
+    _trim()
+
+
+def _trim():
+    """glibc's malloc_trim(0): every free page of its heaps returned to the system. Whether it could be called."""
     import ctypes
     import ctypes.util
-    gc.collect()
     try:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
-        pass
+        return False
+    return True

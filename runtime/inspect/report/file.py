@@ -203,8 +203,10 @@ def held_line(entry, error, verbose, measured="resident after a run:"):
             return f"not measured: {error}" if error else "not measured"
         ratio = ("too small a table for a ratio" if held["times_table"] is None else
                  f"{held['times_table']:.2f}x the table beyond the other weights")
+        kept = held.get("kept_bytes") or 0
         parts = (f", {held['anonymous_bytes'] / 2**20:.1f} anonymous and {held['file_bytes'] / 2**20:.1f} "
-                 "file-backed" if verbose else "")
+                 "file-backed" + (f", and {kept / 2**20:.1f} more the C library kept of what onnxruntime freed "
+                                  "(malloc_trim returned it)" if kept >= 2**20 else "") if verbose else "")
         return f"{measured} {held['resident_bytes'] / 2**20:+.1f} MiB{parts}: {ratio}"
     defaults, off = entry["defaults"], entry["no_prepacking"]
     if defaults["copies"] is None:

@@ -63,6 +63,6 @@ def held(copies, figures, table_bytes, other_bytes):
     for: prepacking off outside --verbose) with their times_table."""
     if figures is None:
         return {"copies": copies, "resident_bytes": None, "anonymous_bytes": None, "file_bytes": None, "peak_bytes": None,
-                "times_table": None}
+                "kept_bytes": None, "times_table": None}
     return {"copies": copies, **figures, "times_table": (round((figures["resident_bytes"] - other_bytes) / table_bytes, 2)
                                                         if table_bytes >= RESOLUTION else None)}
