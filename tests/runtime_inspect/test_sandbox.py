@@ -211,6 +211,23 @@ def test_a_signal_leaves_nothing_behind(tmp_path, sig, code, word):
     assert children == ""  # no isolated child outlives the tool
 
 
+def test_a_signal_while_a_folder_is_proven_in_its_staged_out_leaves_nothing(tmp_path):
+    # a folder's OUT is written first, beside its name, and proven there: a signal then takes all of it back
+    out = tmp_path / "retied"
+    process = subprocess.Popen([sys.executable, "-m", "runtime.inspect", os.path.join(FIXTURES, "genai_fp32"),
+                                "--retie", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    deadline = time.monotonic() + 60
+    while not [n for n in os.listdir(tmp_path) if n.startswith(".saving-")] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    staged = [n for n in os.listdir(tmp_path) if n.startswith(".saving-")]
+    process.send_signal(signal.SIGTERM)
+    err = process.communicate(timeout=120)[1]
+    assert staged, "OUT was never staged beside its name"
+    assert process.returncode == 143 and "terminated" in err and "Traceback" not in err, err
+    assert not out.exists() and not [n for n in os.listdir(tmp_path) if n.startswith(".saving-")]
+
+
 def test_a_hang_up_leaves_nothing_behind(tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
