@@ -47,7 +47,7 @@ def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
     for each file whose head scores every prompt position (retie.keep)."""
     files = planned_files(result, say, logits_to_keep)
     tjs = transformersjs_root(result["folder"])  # (root, where its files lie) of a transformers.js folder, or None
-    merges = not tjs and any(p["relation"] == "duplicate" for p in result["across"]["pairs"])  # one data file's
+    merges = not tjs and any(p["relation"] == "duplicate" for p in result["across"]["pairs"])  # one data file merges
     if not any(f.plan for f in files) and not merges:
         say(lines.NOTHING)
         return 0
@@ -146,7 +146,7 @@ def proven_files(files, staged, scratch, limits, say, logits_to_keep=None):
     failed (said; nothing is to be written). The one file with a table in a folder of one such is measured by
     its proof."""
     held, figures = {}, None
-    measured = [f for f in files if f.item["info"]["rows"]]
+    tabled = [f for f in files if f.item["info"]["rows"]]  # the files measured again
     limits.progress(f"writing {staged.out} beside it, to prove its files there")
     for i, f in enumerate(files):
         if f.plan is None:
@@ -155,7 +155,7 @@ def proven_files(files, staged, scratch, limits, say, logits_to_keep=None):
         said = lambda line, name=name: say(line.replace("retie: ", f"retie: {name}: ", 1))
         where = os.path.join(scratch, f"retie{i}")
         os.mkdir(where)
-        measure = measured == [f]
+        measure = len(tabled) == 1 and tabled[0] is f
         prove = lambda in_place, folder, f=f, measure=measure: (staged, *proven_at(
             f.plan, staged.path(f.name), folder, limits, f.fed, in_place, measure))
         _, held[name], failures, weights, figures_of = proven_in_place(f.plan, where, said, prove)
