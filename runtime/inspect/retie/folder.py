@@ -96,8 +96,11 @@ class StagedOut:
                 raise InspectError(f"--retie {self.out}: {e}; nothing written") from None
         return self.staged.staging
 
-    def path(self, name):
-        """Where OUT's file `name` lies while staged."""
+    def path(self, name, fresh=False):
+        """Where OUT's file `name` lies while staged; `fresh`: staged again first, from the models as they are now
+        (branches.in_place has just changed one)."""
+        if fresh:
+            self.discard()
         return os.path.join(self.root(), name)
 
     def written(self):
@@ -155,9 +158,10 @@ def proven_files(files, staged, scratch, limits, say, logits_to_keep=None):
         said = lambda line, name=name: say(line.replace("retie: ", f"retie: {name}: ", 1))
         where = os.path.join(scratch, f"retie{i}")
         os.mkdir(where)
-        measure = len(tabled) == 1 and tabled[0] is f
+        # measured by its proof where that process is fresh: no other file's session run first for its inputs
+        measure = len(tabled) == 1 and tabled[0] is f and not f.fed
         prove = lambda in_place, folder, f=f, measure=measure: (staged, *proven_at(
-            f.plan, staged.path(f.name), folder, limits, f.fed, in_place, measure))
+            f.plan, staged.path(f.name, fresh=bool(in_place)), folder, limits, f.fed, in_place, measure))
         _, held[name], failures, weights, figures_of = proven_in_place(f.plan, where, said, prove)
         figures = figures_of if measure else figures
         # a table stored anew (genai's [width, vocab] one, as "<name>_rows") counted under its old name too

@@ -19,18 +19,18 @@ def placed(result):
     return {it["file"]: os.path.join(tjs[1], it["file"]) if tjs else it["file"] for it in result["items"]}
 
 
-def measured_again(result, staged, proven, scratch, limits, say):
+def measured_again(result, staged, proven, scratch, limits, say, size=None):
     """Once OUT is written (`staged`, a folder.StagedOut): the files of `result` there measured in one process
     holding every session (or, for the one file with a table, by its proof: folder.Proven's figures), said beside
     what the folder held (_say_memory), then a line per table the folder held more than once (_outcomes; `proven`'s
-    held, what each rewritten file's proof counted)."""
+    held, what each rewritten file's proof counted). `size`: the bytes of those files in OUT (default: all of OUT's)."""
     place = placed(result)
     parts = [{"model": staged.path(place[it["file"]]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
              for it in result["items"] if it["info"]["rows"]]
     if proven.figures is not None and len(parts) == 1:
         measured = {"defaults": proven.figures}
     else:
-        measured = memory.measure_together(parts, scratch, limits, staged.bytes(), DEFAULTS) if parts else {}
+        measured = memory.measure_together(parts, scratch, limits, size or staged.bytes(), DEFAULTS) if parts else {}
     _say_memory(result["across"]["vocabulary"], measured, say)
     for line in _outcomes(result, staged.root(), proven.held, place,
                           per_file=transformersjs_root(result["folder"]) is not None):

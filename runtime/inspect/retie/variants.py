@@ -104,4 +104,4 @@ def _said_after(p, staged, limits, say):
     if not p["changed"]:  # written as it is (said): what its sessions hold is as the report said
         return
     said = lambda line: say(line.replace("retie: ", f"retie: {dtype}: ", 1))
-    outcomes.measured_again(result, staged, p["proven"], p["scratch"], limits, said)
+    outcomes.measured_again(result, staged, p["proven"], p["scratch"], limits, said, after)

@@ -35,14 +35,13 @@ WIDENED = "FusedBack_"  # onnxruntime's FuseInitializersTransformer: the float32
 
 def _widening(name, dims, halves):
     """The half-precision initializer of `halves` {name: TensorProto} whose widened copy the tensor `name` of
-    `dims` is (WIDENED + its name, and its dims), or None."""
+    `dims` is (WIDENED + its name, and its dims), or None, also where two could be (`W` and `W_token_0`)."""
     if not name.startswith(WIDENED):
         return None
     rest = name[len(WIDENED):]
-    for weight in (rest, re.sub(r"_token_[0-9]+$", "", rest)):
-        if weight in halves and list(halves[weight].dims) == list(dims):
-            return halves[weight]
-    return None
+    found = {weight for weight in (rest, re.sub(r"_token_[0-9]+$", "", rest))
+             if weight in halves and list(halves[weight].dims) == list(dims)}
+    return halves[found.pop()] if len(found) == 1 else None  # two that could be it: the data is written instead
 
 
 def _folded(proto, initializers):
