@@ -137,8 +137,7 @@ def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=pro
 
     from runtime.runner import data_thrown_away, read_data_from, writing
     _warm()
-    gc.collect()
-    _trim()  # what glibc kept of earlier work is not counted against the sessions
+    let_go()  # what glibc kept of earlier work is not counted against the sessions
     before, peaks = measure(), _reset_peak()
     sessions = []
     for model, data_folder, feeds, *written in models:
