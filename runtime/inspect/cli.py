@@ -168,6 +168,8 @@ def _work(args, prog, folder):
     limits = isolated.Limits(args.timeout, memory, progress, guard.committing)
     said = _Held(sys.stderr) if args.json else sys.stdout  # a retie's lines: stdout holds the report, or the JSON
     try:
+        if not args.static:  # its child imports onnxruntime while this process reads and checks the model
+            isolated.prestart(folder)
         analysis = analyse(args, folder, limits)
         progress.done()
         _render(analysis, args)
@@ -203,6 +205,7 @@ def _work(args, prog, folder):
         print(e.line(prog), file=sys.stderr)
         return 128 + e.signum
     finally:
+        isolated.let_go_ahead()
         progress.done()
 
 
@@ -225,6 +228,7 @@ def _retie(analysis, args, scratch, limits, say):
     """--retie OUT of what `analysis` found; the retie's status (0 or 1). A transformers.js folder, unless --dtype or
     --files chooses its files, is retied variant by variant; any other folder as the files a client loads."""
     kind, found = analysis.kind, analysis.found
+    isolated.prestart(scratch)  # the proof's child imports onnxruntime while OUT is written
     if kind == "file":
         return retie(found["model"], found, args.retie, scratch, limits, say, args.logits_to_keep)
     if kind == "folder":

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 import graphs
 from runtime.model.read import checked as read_checked
 from runtime.model.read.model import load
+from runtime.model.read.text import InspectError
 from runtime.inspect.sandbox import feeds, guard, isolated
 from tests.helpers import (
     FIXTURES,
@@ -120,6 +121,29 @@ def test_onnxruntime_out_of_memory_is_a_finding(tmp_path):
     assert inspect_cli(small, "--memory-limit", "0.4")[0] == 0  # the limit leaves room for onnxruntime itself
     code, _, err = inspect_cli(big, "--memory-limit", "0.4")
     assert one_line_error(code, err, "onnxruntime ran out of memory", "0.4 GiB", "--memory-limit")
+
+
+def test_a_child_started_ahead_of_its_job_runs_it_under_that_jobs_limits(tmp_path):
+    big = tmp_path / "big.onnx"
+    graphs.save(graphs.tied_logits(graphs.make_table(32768, 1024)), big)  # a 128 MiB table
+    job = {"kind": "optimize", "model": str(big), "out": str(tmp_path / "o.onnx"), "folder": str(tmp_path),
+           "sizes": None}
+    ahead = isolated.prestart(str(tmp_path))
+    assert isolated.prestart(str(tmp_path)) is ahead  # one ahead at most
+    try:
+        time.sleep(1)  # it has imported onnxruntime and waits, under no memory limit of its own yet
+        step = isolated.start(job, "optimizing", isolated.Limits(60, memory=int(0.4 * isolated.GiB)), 0)
+        assert step.child is ahead
+        with pytest.raises(InspectError, match="ran out of memory.*0.4 GiB"):
+            step.result()
+    finally:
+        isolated.let_go_ahead()
+    assert isolated.call(job, "optimizing", isolated.Limits(60), big.stat().st_size)["data"] is True  # room: runs
+    ahead = isolated.prestart(str(tmp_path))
+    isolated.let_go_ahead()  # no step took it: ended, and the next step starts its own
+    step = isolated.start(job, "optimizing", isolated.Limits(60), 0)
+    step.stop()
+    assert ahead.returncode is not None and step.child is not ahead
 
 
 def test_onnxruntime_time_out_is_a_finding(tmp_path):

@@ -1,5 +1,9 @@
 """The isolated child's entry point: `python -m runtime.inspect.sandbox.child JOB.json` runs one step on an untrusted model
 (build its optimized model, measure a session, prove a retie) and writes its answer to the job's `result` path.
+`python -m runtime.inspect.sandbox.child - SCRATCH` (how runtime.inspect.sandbox.isolated starts it) first imports what the
+jobs use, then waits for one JSON line on stdin: the job's path, the rlimits to set and its TMPDIR; it sets them
+before it reads the job, so a child started ahead of its job (isolated.prestart) runs it as confined as one
+started for it. End of input before a line: nothing to do.
 
 An entry module of its own, apart from runtime.inspect.sandbox.isolated (which starts it): a module run as `__main__` is
 a second copy of itself, so an exception class raised by code that imported the library (`Changed`, from proof)
@@ -238,5 +242,27 @@ def main(path):
     return 0
 
 
+AHEAD = ("numpy", "onnx", "onnxruntime", "runtime.resident", "runtime.runner", "runtime.inspect.sandbox.feeds",
+         "runtime.inspect.sandbox.proof", "runtime.inspect.sandbox.timing")  # what the jobs import
+
+
+def _ordered():
+    """Import what the jobs use, then run the job the order on stdin names, under its limits (see above)."""
+    import importlib
+    import resource
+    import tempfile
+
+    for name in AHEAD:  # imported before the order comes: the time a child takes to start
+        importlib.import_module(name)
+    line = sys.stdin.readline()
+    if not line:
+        return 0
+    order = json.loads(line)
+    for kind, limit in order["limits"]:
+        resource.setrlimit(kind, (limit, limit))
+    os.environ["TMPDIR"], tempfile.tempdir = order["tmpdir"], None
+    return main(order["job"])
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(_ordered() if sys.argv[1:2] == ["-"] else main(sys.argv[1]))

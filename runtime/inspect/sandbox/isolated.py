@@ -4,6 +4,7 @@ A crash, abort, time-out or allocation failure inside a session then ends the ch
 parent reports it as a finding about the model. The child runs under a wall-clock limit and an address-space
 limit (RLIMIT_AS), a cap on the size of any file it writes (RLIMIT_FSIZE), no core files; `Limits` holds both, set from --timeout and --memory-limit.
 """
+import contextlib
 import itertools
 import json
 import os
@@ -112,11 +113,58 @@ def available_memory():
 
 _JOB_NUMBERS = itertools.count()
 
+_ahead = None  # the child prestart() started, waiting for its job; the next Child takes it
+
+
+def prestart(folder):
+    """Start the next step's child now, ahead of its job: it imports onnxruntime and the jobs' modules (about 0.2 s)
+    on another core while this process reads and checks the model or writes OUT, then waits, having read nothing
+    of any model. The next Child hands it its job and its limits, which it sets on itself before it reads the job
+    (runtime.inspect.sandbox.child). One child ahead at most; let_go_ahead() ends one no step took. `folder`: the
+    scratch folder its TMPDIR names until the job names its own. The waiting child (a Popen)."""
+    global _ahead
+    if _ahead is None:
+        _ahead = _spawn(folder, {resource.RLIMIT_CORE: 0})
+    return _ahead
+
+
+def let_go_ahead():
+    """End the child prestart() started if no step took it (nothing else runs in it)."""
+    global _ahead
+    child, _ahead = _ahead, None
+    if child is not None:
+        child.kill()
+        child.communicate()
+
+
+def _spawn(folder, confined):
+    """A child process of runtime.inspect.sandbox.child waiting for its order on stdin (a JSON line: the job's path,
+    the limits to set, its TMPDIR), under the rlimits `confined` from its start, dying with this process; its
+    command line names `folder`, as `ps` shows it."""
+    def confine():  # in the child, before exec: nothing here may raise, so no limit goes past an inherited one
+        for kind, limit in confined.items():
+            resource.setrlimit(kind, (limit, limit))
+        guard.die_with_parent()
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT] + sys.path[1:]), TMPDIR=folder)
+    # Signals held off while the child is forked: one landing between fork and exec ran Python's handler in the
+    # forked copy (random's reseed at fork, confine), which printed its own "Exception ignored" lines. The child
+    # keeps them blocked (the mask survives exec): on any of them this process kills it.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, guard.SIGNALS)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "runtime.inspect.sandbox.child", "-", folder], cwd=_ROOT, env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                preexec_fn=confine)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came meanwhile lands here, the child known
+
 
 class Child:
-    """One step in a child process (start()): its job written, the child running under `limits`."""
+    """One step in a child process (start()): its job written, the child running under `limits` (the child
+    prestart() started, if one waits, else a new one)."""
 
     def __init__(self, job, what, limits, model_bytes):
+        global _ahead
         self.what, self.limits, self.job = what, limits, job
         self.memory = _within(resource.RLIMIT_AS, limits.memory_for(model_bytes))
         limits.progress(f"onnxruntime, in a child: {what}")
@@ -129,23 +177,17 @@ class Child:
         self.file_limit = _within(resource.RLIMIT_FSIZE, written)
         self.file_limited = self.file_limit < written  # the user's `ulimit -f` is lower than this step may need
         confined = {resource.RLIMIT_AS: self.memory, resource.RLIMIT_FSIZE: self.file_limit, resource.RLIMIT_CORE: 0}
-
-        def confine():  # in the child, before exec: nothing here may raise, so no limit goes past an inherited one
-            for kind, limit in confined.items():
-                resource.setrlimit(kind, (limit, limit))
-            guard.die_with_parent()
-
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT] + sys.path[1:]), TMPDIR=job["folder"])
-        # Signals held off while the child is forked: one landing between fork and exec ran Python's handler in the
-        # forked copy (random's reseed at fork, confine), which printed its own "Exception ignored" lines. The child
-        # keeps them blocked (the mask survives exec): on any of them this process kills it.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, guard.SIGNALS)
+        self.child, _ahead = _ahead or _spawn(job["folder"], confined), None
+        order = {"job": path, "limits": [[int(kind), limit] for kind, limit in confined.items()],
+                 "tmpdir": job["folder"]}
         try:
-            self.child = subprocess.Popen([sys.executable, "-m", "runtime.inspect.sandbox.child", path], cwd=_ROOT, env=env,
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, preexec_fn=confine)
+            self.child.stdin.write(json.dumps(order).encode() + b"\n")
+        except BrokenPipeError:  # it ended already: result() says how
+            pass
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came meanwhile lands here, the child known
+            with contextlib.suppress(BrokenPipeError):
+                self.child.stdin.close()
+            self.child.stdin = None  # (communicate() would flush it again)
 
     def stop(self):
         """End the child now if it still runs (nothing of it is reported)."""
