@@ -65,6 +65,27 @@ def test_a_widened_float16_copy_is_recomputed_as_numpy_widens_the_table(tmp_path
     assert values.shape == expected.shape and np.array_equal(values.view(np.uint32), expected.view(np.uint32))
 
 
+def test_a_widened_copy_two_weights_could_be_is_not_recomputed(tmp_path):
+    # onnxruntime names W's widening FusedBack_W, or FusedBack_W_token_0 where that name is taken: beside a weight
+    # named W_token_0 of W's dims, FusedBack_W_token_0 could be either's, so it is left to the data write
+    path, vocab, width = _float16(tmp_path), 64, 8
+    layout_path = str(tmp_path / "optimized.onnx")
+    write_optimized_layout(path, layout_path)
+    proto, layout = onnx.load(path), onnx.load(layout_path, load_external_data=False)
+    (widened,) = [t for t in made(proto, layout) if np.prod(t.dims) == vocab * width]
+    (table,) = [t for t in proto.graph.initializer if t.name == widened.name[len(folding.WIDENED):]]
+    widened.name += "_token_0"  # as onnxruntime names it where FusedBack_<table> is taken
+    (copy,) = folding.recomputed(proto, layout, [vocab * width], str(tmp_path)).graph.initializer
+    expected = numpy_helper.to_array(table).astype(np.float32)  # the suffix alone: still the table's widening
+    assert copy.name == widened.name and np.array_equal(numpy_helper.to_array(copy).view(np.uint32),
+                                                        expected.view(np.uint32))
+    other = onnx.TensorProto()
+    other.CopyFrom(table)
+    other.name = table.name + "_token_0"  # another weight, of the same dims, that the copy could be the widening of
+    proto.graph.initializer.append(other)
+    assert folding.recomputed(proto, layout, [vocab * width], str(tmp_path)) is None
+
+
 def test_inspect_of_a_float16_model_writes_no_data_file(tmp_path):
     path = _float16(tmp_path)
     scratch = tmp_path / "scratch"
