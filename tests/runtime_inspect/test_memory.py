@@ -159,8 +159,11 @@ def test_the_lab_tied_head_holds_one_table_under_onnxruntime_defaults(tmp_path):
     assert constant["in_memory"]["no_prepacking"]["copies"] == 1
     assert set(tied["in_memory"]["defaults"]) == {"copies", "resident_bytes", "anonymous_bytes", "file_bytes",
                                                   "peak_bytes", "times_table"}
-    for held in (tied["in_memory"]["defaults"], constant["in_memory"]["defaults"]):  # the high-water mark: at least
-        assert held["peak_bytes"] >= held["resident_bytes"]                            # what stays after the run
+    # the high-water mark (RSS) is at least the private memory that stays after the run. Not the Pss figure:
+    # a library page another process stopped sharing meanwhile raises this one's Pss, never its RSS (CI saw
+    # a Pss growth 4 KiB past the RSS peak once the first child was started ahead of its job)
+    for held in (tied["in_memory"]["defaults"], constant["in_memory"]["defaults"]):
+        assert held["peak_bytes"] >= held["anonymous_bytes"] > 0
 
 
 def genai_shared_embeddings(vocab, width, seed=0):
