@@ -1,7 +1,9 @@
 """Write models to disk atomically, with large tables as external data beside the model file."""
+import contextlib
 import math
 import os
 import shutil
+import signal
 import tempfile
 
 import onnx
@@ -235,13 +237,29 @@ def check(model, min_bytes=1 << 20, lengths=None):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
         longest = max(longest, length)
-    with tempfile.TemporaryDirectory(prefix="onnx-lab-check-") as folder:
+    with _scratch("onnx-lab-check-") as folder:
         with open(os.path.join(folder, "holes.bin"), "wb") as f:
             f.truncate(longest)  # sparse: no disk, no memory
         path = os.path.join(folder, "shell.onnx")
         with open(path, "wb") as f:
             f.write(shell.SerializeToString())
         onnx.checker.check_model(path, full_check=True)
+
+
+@contextlib.contextmanager
+def _scratch(prefix):
+    """A temporary folder, removed on the way out with SIGINT and SIGTERM held off meanwhile (they land once it is
+    gone). One landing inside shutil.rmtree's descriptor walk raised there, and rmtree's own cleanup then closed
+    that descriptor a second time: the command ended on that EBADF, not on its one line."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield folder
+    finally:
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            shutil.rmtree(folder)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _write_external(model, staged, min_bytes, sources):
