@@ -50,12 +50,18 @@ def _float16(tmp_path, vocab=64, width=8):
     return path
 
 
-def test_a_widened_float16_copy_is_recomputed_as_numpy_widens_the_table(tmp_path):
-    path, vocab, width = _float16(tmp_path), 64, 8
-    layout_path = str(tmp_path / "optimized.onnx")
+def _widened(tmp_path, vocab=64, width=8):
+    """(the float16 model's proto, its optimized layout, the float32 copy of its table the layout holds)."""
+    path, layout_path = _float16(tmp_path, vocab, width), str(tmp_path / "optimized.onnx")
     write_optimized_layout(path, layout_path)
     proto, layout = onnx.load(path), onnx.load(layout_path, load_external_data=False)
     (widened,) = [t for t in made(proto, layout) if np.prod(t.dims) == vocab * width]
+    return proto, layout, widened
+
+
+def test_a_widened_float16_copy_is_recomputed_as_numpy_widens_the_table(tmp_path):
+    vocab, width = 64, 8
+    proto, layout, widened = _widened(tmp_path, vocab, width)
     assert widened.data_type == onnx.TensorProto.FLOAT and widened.name.startswith(folding.WIDENED)
     (copy,) = folding.recomputed(proto, layout, [vocab * width], str(tmp_path)).graph.initializer
     (table,) = [numpy_helper.to_array(t) for t in proto.graph.initializer if np.prod(t.dims) == vocab * width]
@@ -68,11 +74,8 @@ def test_a_widened_float16_copy_is_recomputed_as_numpy_widens_the_table(tmp_path
 def test_a_widened_copy_two_weights_could_be_is_not_recomputed(tmp_path):
     # onnxruntime names W's widening FusedBack_W, or FusedBack_W_token_0 where that name is taken: beside a weight
     # named W_token_0 of W's dims, FusedBack_W_token_0 could be either's, so it is left to the data write
-    path, vocab, width = _float16(tmp_path), 64, 8
-    layout_path = str(tmp_path / "optimized.onnx")
-    write_optimized_layout(path, layout_path)
-    proto, layout = onnx.load(path), onnx.load(layout_path, load_external_data=False)
-    (widened,) = [t for t in made(proto, layout) if np.prod(t.dims) == vocab * width]
+    vocab, width = 64, 8
+    proto, layout, widened = _widened(tmp_path, vocab, width)
     (table,) = [t for t in proto.graph.initializer if t.name == widened.name[len(folding.WIDENED):]]
     widened.name += "_token_0"  # as onnxruntime names it where FusedBack_<table> is taken
     (copy,) = folding.recomputed(proto, layout, [vocab * width], str(tmp_path)).graph.initializer
