@@ -83,7 +83,7 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
     except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
         return {}, [f"failed, nothing written: {e}"], None
     retied, retied_optimized = load(staged), folding.read_optimized(optimized, folder, answer)
-    copies = runtime_copies(retied, retied_optimized, finals)
+    copies = runtime_copies(retied, retied_optimized, finals, answer.get("folded"))
     prepacked = prepacked_copies(retied_optimized.proto)
     packed = sorted({p["initializer"] for p in prepacked} & set(in_place.sizes if in_place else ()))
     if packed:

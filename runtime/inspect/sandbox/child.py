@@ -37,8 +37,8 @@ def _model(job):
 def _optimize(job):
     """onnxruntime's optimized model written to job["out"], its prepacked copies recorded. With job["sizes"] (the
     element counts of the tensors whose copies are looked for), its layout, without data, and what a copy of one
-    of those sizes needs to be compared (_data_written: recomputed beside it, or the data written). Written from
-    the model's shell: the optimized model is the same, its large tensors not parsed into a protobuf first."""
+    of those sizes needs to be compared (_data_written: told by the node that folded it, or the data
+    written). Written from the model's shell: the optimized model is the same, its large tensors not parsed into a protobuf first."""
     import onnxruntime
 
     from runtime.runner import write_optimized_layout, write_optimized_model
@@ -129,31 +129,24 @@ def _written_apart(shell, path, proto, sizes):
 def _data_written(path, shell, proto, layout, sizes, written=False):
     """{"data": whether the file at `path` is the optimized model with its data, "written": whether what the parent
     compares is in it}. Where the optimized model `layout` (written at `path`) holds a tensor onnxruntime made of
-    one of `sizes` elements (_copies_to_compare), its values are recomputed from the node constant folding made it
-    of and saved beside the layout (folding.recomputed, copies_path: "recomputed"; no data file), or, where one was not
-    folded (a float16 weight's float32 copy), the optimized model is written again at `path` with its data, from
-    the model's shell (shell, its folder), in a session of its own once the one measured is let go: no child of its
-    own, one process start fewer. `written`: the data is there already (_written_apart)."""
+    one of `sizes` elements (_copies_to_compare), the node constant folding made it of says which weight it holds
+    and how (folding.folded_from, "folded"; no data file), or, where one was made some other way, the optimized
+    model is written again at `path` with its data, from the model's shell (shell, its folder), in a session of its
+    own once the one measured is let go: no child of its own, one process start fewer. `written`: the data is there
+    already (_written_apart)."""
     from runtime.resident import let_go
     from runtime.runner import write_optimized_model
     if not _copies_to_compare(proto, layout, sizes):
         return {"data": False, "written": False}
     if written:
         return {"data": True, "written": True}
+    folded = folding.folded_from(proto, layout, sizes)
+    if folded is not None:  # each copy told by its node: no value read, no data file written
+        return {"data": False, "written": True, "folded": folded}
     let_go()
-    copies = folding.recomputed(proto, layout, sizes, shell[1] or _folder_of(shell[0]))
-    if copies is not None:  # the folded copies' values beside the layout: no data file written
-        with open(folding.copies_path(path), "wb") as f:
-            f.write(copies.SerializeToString())
-        return {"data": False, "written": True, "recomputed": True}
     os.remove(path)
     write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
     return {"data": True, "written": True}
-
-
-def _folder_of(model):
-    """The folder of a model given as a path (its data beside it), or None (bytes: its folder was given)."""
-    return os.path.dirname(os.path.abspath(model)) if isinstance(model, str) else None
 
 
 def _measure_together(job):

@@ -1,11 +1,12 @@
 """What onnxruntime's optimizer will make of a model as a session opens, foreseen from its graph: the tensors
 constant folding makes of its weights, and the float32 copies the CPU provider makes of float16 ones. The child
 (sandbox.child, sandbox.proof) decides from these which session writes the optimized model, and whether with its
-data: a guess only chooses the cheaper way, every answer is read from the model onnxruntime wrote."""
+data: a guess only chooses the cheaper way, every answer is read from the model onnxruntime wrote. A copy of a
+weight that it made is then told by the node it was folded from (folded_from), not by its values."""
 import math
 import re
 
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from graphs.storage import BITS
 from runtime.model.graph.ops import MATMULS
@@ -13,7 +14,6 @@ from runtime.resident import OWNED_MOST, held_once_written
 
 FOLDED = ("Transpose", "Reshape", "Cast", "Squeeze", "Unsqueeze", "Flatten")  # on a weight: folded at load
 HALF = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-INLINE_MOST = 2**30  # recomputed copies held inline in one protobuf (2 GiB at most): past this, the data written
 
 
 def _nbytes(tensor):
@@ -24,8 +24,8 @@ def _nbytes(tensor):
 def made_at_load(proto, sizes):
     """Whether the optimized model must be written with its data for the parent to compare a copy's values: where
     any copy is looked for (`sizes` None). A copy of one of `sizes` elements that constant folding makes of a
-    weight, or the CPU provider's float32 widening of a float16 / bfloat16 one, is recomputed instead
-    (recomputed()); `proto` is the model's shell, whose graph decides it."""
+    weight, or the CPU provider's float32 widening of a float16 / bfloat16 one, is told by its node instead
+    (folded_from()); `proto` is the model's shell, whose graph decides it."""
     return sizes is None
 
 
@@ -83,66 +83,62 @@ def half_bytes(proto):
     return sum(2 * math.prod(t.dims) for t in proto.graph.initializer if t.data_type in HALF)
 
 
-def copies_path(layout_path):
-    """Where recomputed() copies of the optimized model written for its layout at `layout_path` are saved."""
-    return layout_path + ".copies.onnx"
+VIEWS = ("same", "reshaped", "transposed", "widened")  # how a folded tensor holds its weight's values (copies)
+_SAME_BYTES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")  # the weight's bytes under other dims
 
 
-def recomputed(proto, layout, sizes, folder):
-    """A model holding, as its initializers, the values of each tensor the optimized model `layout` (a ModelProto
-    written for its layout: runner.write_optimized_layout) made of one of `sizes` elements, under its name, each
-    recomputed by onnxruntime from the node of `proto` (the model's shell; its data in `folder`) that constant
-    folding folded it from: a Transpose, Reshape or Cast of a weight (_folded), whose output the folded tensor is
-    named after; or, for the CPU provider's float32 copy of a float16 / bfloat16 weight (named after it: WIDENED),
-    from a Cast to float32 of that weight, as the provider's inserted Cast. So the parent compares a copy's values
-    without the optimized model's data being written (every weight again and each prepacked copy: 1.2 GB for a
-    0.5 GiB model). None where one of them was made some other way, or they are too large to hold inline: the
-    caller writes the data then."""
-    from onnx import numpy_helper
-
+def folded_from(proto, layout, sizes):
+    """{name: {"of": weight, "view": one of VIEWS}} for each tensor the optimized model `layout` (a ModelProto
+    written for its layout: runner.write_optimized_layout) made of one of `sizes` elements, told by the node of
+    `proto` (the model's shell) that constant folding folded it from, whose output it is named after: a Transpose
+    of a 2-D weight holds it transposed, a Reshape (Squeeze, Unsqueeze, Flatten, a Cast to its own type) its bytes
+    under other dims, and the CPU provider's float32 copy of a float16 / bfloat16 weight (named after it: WIDENED)
+    its values widened. Each of these ops only moves or widens values, so the node says what the copy holds and
+    no value is read: neither the optimized model's data (every weight again and each prepacked copy: 1.2 GB for
+    a 0.5 GiB model) nor a copy made again (a 544 MB transposed table, serialized and compared, took 2.4 s of a
+    Qwen2.5-shaped export's inspect). None where one was made some other way, or in a branch: the caller writes
+    the data then, and the values are compared."""
     from runtime.resident import made
-    from runtime.runner import open_session, read_data_from, session_options
-    counts = {t.name: math.prod(t.dims) for t in proto.graph.initializer}
-    producers = {out: node for node in _folded(proto, counts) for out in node.output}
-    halves = {t.name: t for t in proto.graph.initializer if t.data_type in HALF}
-    wanted = [t for t in made(proto, layout) if math.prod(t.dims) in set(sizes or ())]
-    for t in wanted:  # a widened copy: the Cast the CPU provider inserted and folded, made again
-        weight = None if t.name in producers or t.data_type != TensorProto.FLOAT else _widening(t.name, t.dims, halves)
-        if weight is not None:
-            producers[t.name] = helper.make_node("Cast", [weight.name], [t.name], to=TensorProto.FLOAT)
-    main = {id(t) for t in layout.graph.initializer}  # a copy made in a branch is written with the data
-    if sizes is None or any(id(t) not in main or t.name not in producers for t in wanted) or \
-            sum(_nbytes(t) for t in wanted) > INLINE_MOST:
+    if sizes is None:
         return None
-    constants = {t.name: t for t in proto.graph.initializer}
-    makers = {out: node for node in proto.graph.node if node.op_type == "Constant" for out in node.output}
-    values = []
+    weights = {t.name: t for t in proto.graph.initializer}
+    producers = {out: node for node in _folded(proto, weights) for out in node.output}
+    halves = {name: t for name, t in weights.items() if t.data_type in HALF}
+    wanted = [t for t in layout.graph.initializer if t.name not in weights and math.prod(t.dims) in set(sizes)]
+    if len(wanted) != sum(math.prod(t.dims) in set(sizes) for t in made(proto, layout)):
+        return None  # a copy made in a branch: written with the data
+    found = {}
     for tensor in wanted:
-        node = producers[tensor.name]
-        used = [name for name in node.input if name]
-        graph = helper.make_graph(
-            [makers[name] for name in used if name in makers] + [node], "folded",
-            [], [helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))],
-            [constants[name] for name in used if name in constants])
-        model = helper.make_model(graph, opset_imports=proto.opset_import, ir_version=proto.ir_version)
-        session = open_session(model.SerializeToString(), read_data_from(session_options(), folder))
-        values.append(numpy_helper.from_array(session.run(None, {})[0], tensor.name))
-        del session
-    return helper.make_model(helper.make_graph([], "recomputed", [], [], values), opset_imports=proto.opset_import,
-                             ir_version=proto.ir_version)
+        node = producers.get(tensor.name)
+        if node is not None:
+            told = _view(node, weights[node.input[0]], tensor)
+        else:
+            weight = _widening(tensor.name, tensor.dims, halves) if tensor.data_type == TensorProto.FLOAT else None
+            told = weight and {"of": weight.name, "view": "widened"}
+        if not told:
+            return None
+        found[tensor.name] = told
+    return found
+
+
+def _view(node, weight, tensor):
+    """{"of": the weight's name, "view"} for `tensor`, folded from `node` (one of FOLDED) on `weight`, or None: a
+    Transpose other than a 2-D one, a Cast to another type than the weight's or (from half precision) float32."""
+    dims, attributes = list(weight.dims), {a.name: a for a in node.attribute}
+    to = attributes["to"].i if node.op_type == "Cast" and "to" in attributes else None
+    if node.op_type == "Transpose":
+        perm = tuple(attributes["perm"].ints) if "perm" in attributes else (1, 0)  # reversed, by default
+        view = {(1, 0): "transposed", (0, 1): "same"}.get(perm) if len(dims) == 2 else None
+    elif node.op_type in _SAME_BYTES or to == weight.data_type:
+        view = "same" if list(tensor.dims) == dims else "reshaped"
+    else:
+        view = "widened" if weight.data_type in HALF and to == TensorProto.FLOAT else None
+    return view and {"of": weight.name, "view": view}
 
 
 def read_optimized(path, folder, answer):
     """The optimized model a child wrote at `path` (its data in `folder`), read by the checked reader as its
-    `answer` says it was written: with its data, or for its layout only, each copy recomputed() beside it then
-    read from there (the same name, dims and type, and its values)."""
+    `answer` says it was written: with its data, or for its layout only (each copy to compare then told by
+    folded_from: answer["folded"])."""
     from runtime.model.read.model import load
-    optimized = load(path, folder, layout_only=not answer.get("data", True))
-    if answer.get("recomputed"):
-        copies = load(copies_path(path), folder)
-        for name, tensor in copies.tensors.items():
-            held = optimized.tensors.get(name)
-            if held is None or (held.dims, held.type_name) != (tensor.dims, tensor.type_name):
-                raise ValueError(f"{name}: a recomputed copy the optimized model does not hold as it is")
-            optimized.tensors[name] = tensor
-    return optimized
+    return load(path, folder, layout_only=not answer.get("data", True))

@@ -8,11 +8,13 @@ from runtime.model.findings.relations import BYTES_AT_ONCE, same_bytes, same_val
 from runtime.resident import unscoped
 
 
-def runtime_copies(model, optimized, watched):
+def runtime_copies(model, optimized, watched, folded=None):
     """Initializers the optimized model holds that `model` does not, in its main graph and in every subgraph (an
     If branch's folded Transpose; `graph` names it there), each with the watched initializer whose values it holds,
-    if any: the same, transposed, or reshaped (the same bytes under other dims)."""
-    copies = []
+    if any: the same, transposed, or reshaped (the same bytes under other dims). `folded` ({name: {"of", "view"}}:
+    sandbox.folding.folded_from's, for an optimized model read for its layout alone) tells a main-graph copy by
+    the node it was folded from, its values not read."""
+    copies, folded = [], folded or {}
     scopes = [("main", optimized.tensors, model.tensors)] + [
         (path, tensors, model.bodies.get(path, {})) for path, tensors in sorted(optimized.bodies.items())]
     for path, tensors, before in scopes:
@@ -22,6 +24,13 @@ def runtime_copies(model, optimized, watched):
             entry = {"name": name, "bytes": tensor.nbytes, "shape": tensor.dims}
             if path != "main":
                 entry["graph"] = path
+            told = folded.get(name) if path == "main" else None
+            if told is not None:  # its node says which weight it holds, and how: no value read
+                view = _told_view(model.tensors.get(told["of"]), tensor, told["view"])
+                if view and told["of"] in watched:
+                    entry.update(copy_of=told["of"], view=view, transposed=view.endswith("transposed"))
+                copies.append(entry)
+                continue
             for source_name in watched:
                 view = _copy_view(model.tensors[source_name], tensor)
                 if view:
@@ -43,6 +52,18 @@ def _copy_view(source, tensor):
     if _widened(source, tensor, transposed=True):
         return "widened_transposed"
     return None
+
+
+def _told_view(source, tensor, view):
+    """`view` where `tensor`'s dims and type agree with holding `source` that way (folding.folded_from said so from
+    the node that made it), else None."""
+    if source is None:
+        return None
+    dims = {"transposed": source.dims[::-1], "same": source.dims}.get(view)
+    kind = TensorProto.FLOAT if view == "widened" else source.data_type
+    agree = tensor.dims == dims if dims else tensor.elements == source.elements and (
+        view == "reshaped" or (view == "widened" and tensor.dims == source.dims))
+    return view if agree and tensor.data_type == kind else None
 
 
 def copy_sizes(model, entries):
