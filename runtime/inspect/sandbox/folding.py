@@ -83,15 +83,14 @@ def half_bytes(proto):
     return sum(2 * math.prod(t.dims) for t in proto.graph.initializer if t.data_type in HALF)
 
 
-VIEWS = ("same", "reshaped", "transposed", "widened")  # how a folded tensor holds its weight's values (copies)
 _SAME_BYTES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")  # the weight's bytes under other dims
 
 
 def folded_from(proto, layout, sizes):
-    """{name: {"of": weight, "view": one of VIEWS}} for each tensor the optimized model `layout` (a ModelProto
-    written for its layout: runner.write_optimized_layout) made of one of `sizes` elements, told by the node of
-    `proto` (the model's shell) that constant folding folded it from, whose output it is named after: a Transpose
-    of a 2-D weight holds it transposed, a Reshape (Squeeze, Unsqueeze, Flatten, a Cast to its own type) its bytes
+    """{name: {"of": weight, "view": "transposed", "same", "reshaped" or "widened"}} for each tensor the optimized
+    model `layout` (a ModelProto written for its layout: runner.write_optimized_layout) made of one of `sizes`
+    elements, told by the node of `proto` (the model's shell) that constant folding folded it from, whose output
+    it is named after: a Transpose of a 2-D weight holds it transposed, a Reshape (Squeeze, Unsqueeze, Flatten, a Cast to its own type) its bytes
     under other dims, and the CPU provider's float32 copy of a float16 / bfloat16 weight (named after it: WIDENED)
     its values widened. Each of these ops only moves or widens values, so the node says what the copy holds and
     no value is read: neither the optimized model's data (every weight again and each prepacked copy: 1.2 GB for
