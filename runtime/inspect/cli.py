@@ -165,7 +165,7 @@ def _work(args, prog, folder):
     """The command itself, in guard's worker: the report, and OUT if --retie; its exit status."""
     memory = None if args.memory_limit is None else int(args.memory_limit * isolated.GiB)
     progress = Progress(enabled=True, clean=printable)  # stderr, on a terminal only; file names escaped
-    limits = isolated.Limits(args.timeout, memory, progress, guard.committing)
+    limits = isolated.Limits(args.timeout, memory, progress, guard.committing, proving=args.retie is not None)
     said = _Held(sys.stderr) if args.json else sys.stdout  # a retie's lines: stdout holds the report, or the JSON
     try:
         if not args.static:  # its child imports onnxruntime while this process reads and checks the model

@@ -89,16 +89,27 @@ class Examination:
 
     def part(self):
         """This file as a part of a folder's measure_together job, its session writing its layout at self.out."""
-        return {"checked": self.model.checked, "rows": self.rows, "shape": self.shape, "layout": self.out,
-                "sizes": self.sizes}
+        return self._proving({"checked": self.model.checked, "rows": self.rows, "shape": self.shape,
+                              "layout": self.out, "sizes": self.sizes})
+
+    def _proving(self, job):
+        """`job` (this file's measuring job or part) where no --retie will prove it (limits.proving) or it has no
+        head shaped as a table; else jobs.proving's: the heads' hidden vectors and products shown, where a session
+        of its own writes the layout, and the proof's feeds run there (sandbox.originals)."""
+        heads = [h for h in self.watched if "as_table" in h and h["graph"] == "main"]
+        if not self.limits.proving or not heads:
+            return job
+        outputs = {o.name for o in self.model.proto.graph.output}
+        show = {h["node"].input[0] for h in heads} | {h["node"].output[0] for h in heads} - outputs
+        return jobs.proving(job, sorted(show), os.path.join(self.folder, "originals.npz"))
 
     def begin(self):
         """Start the first child: measure the defaults and write the layout where self.merged, else the layout."""
         model, limits = self.model, self.limits
         if self.merged:
             self.first = isolated.start(
-                jobs.measure({"checked": model.checked}, self.folder, self.rows, self.shape, layout=self.out,
-                             sizes=self.sizes),
+                self._proving(jobs.measure({"checked": model.checked}, self.folder, self.rows, self.shape,
+                                           layout=self.out, sizes=self.sizes)),
                 "running it once (defaults), writing its optimized model's layout", limits, model.file_bytes)
         else:
             self.first = isolated.start(self.job, "building its optimized model", limits, model.file_bytes)
@@ -220,7 +231,7 @@ def found(exam, answer, measured):
             "vocabulary": vocabulary(model, tables, heads, pairs, copies, held, version), "onnxruntime": version,
             "measure_error": measured.get("error"),
             "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values()), "optimized": optimized,
-            "prepacked": prepacked, "branch_weights": branch_weights(model)}
+            "prepacked": prepacked, "branch_weights": branch_weights(model), "originals": answer.get("originals")}
 
 
 def _from_files(path, limits, proof_past, root):

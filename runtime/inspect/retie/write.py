@@ -63,7 +63,7 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
         os.path.abspath(model.path), model.checked, staged, [r._replace(hidden=renamed.get(r.hidden, r.hidden))
                                                              for r in rewritten],
         found["rows"], found["shape"], list(upstream), bool(in_place), optimized, sizes, measure,
-        keep and {k: keep[k] for k in ("input", "outputs", "heads")}), folder)
+        keep and {k: keep[k] for k in ("input", "outputs", "heads")}, found.get("originals")), folder)
     try:  # the proof's session of the retied model writes its optimized model's layout: no load of its own
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing

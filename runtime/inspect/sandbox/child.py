@@ -87,14 +87,14 @@ def _measure(job):
     if _layout_apart(job, model, shell, proto):
         figures = session_growth(model, feeds, job["prepacking"], data_folder=folder)
         let_go()  # the session measured: gone before the next one opens
-        written = _written_apart((shell, shell_folder), job["layout"], proto, job.get("sizes"))
+        written, ahead = _written_apart((shell, shell_folder), job["layout"], proto, job.get("sizes"), job)
         owned = 0
     else:  # with its data at once where a copy to compare will be made (folding.made_at_load)
         written = folding.made_at_load(proto, job.get("sizes"))
         figures = sessions_growth([(model, folder, feeds, job["layout"], written)], job["prepacking"], measure=resident)
-        owned = None
+        owned, ahead = None, None
     layout = _proto(job["layout"])
-    return {**figures, "onnxruntime": onnxruntime.__version__,
+    return {**figures, "onnxruntime": onnxruntime.__version__, "originals": ahead,
             "owned_bytes": owned_bytes(proto, layout) if owned is None else owned,
             **_data_written(job["layout"], (shell, shell_folder), proto, layout, job.get("sizes"), written)}
 
@@ -113,17 +113,52 @@ def _layout_apart(job, model, shell, proto):
             or folding.half_bytes(proto) > OWNED_MOST or folding.folds_held(proto))
 
 
-def _written_apart(shell, path, proto, sizes):
+def _written_apart(shell, path, proto, sizes, job=None):
     """Write the optimized model at `path` from a session of its own on the model's shell (shell, its folder): its
     layout, or, where the optimizer will make a tensor of one of `sizes` elements whose values are then compared
-    (folding.made_at_load; `sizes` None: any), the model with its data at once, one session fewer. Whether the data
-    was written."""
-    from runtime.runner import write_optimized_layout, write_optimized_model
+    (folding.made_at_load; `sizes` None: any), the model with its data at once, one session fewer. (Whether the data
+    was written, the original's outputs saved for a --retie's proof or None): where `job` (a measure job or part)
+    is proving (jobs.proving), the layout's session shows the heads' hidden vectors and runs the proof's feeds
+    (_ahead)."""
+    from runtime.runner import layout_session, write_optimized_layout, write_optimized_model
     if folding.made_at_load(proto, sizes):
         write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
-        return True
-    write_optimized_layout(shell[0], path, data_folder=shell[1])
-    return False
+        return True, None
+    shown, model = _shown(proto, job["proving"]["show"]) if (job or {}).get("proving") else (None, None)
+    if model is None:
+        write_optimized_layout(shell[0], path, data_folder=shell[1])
+        return False, None
+    folder = shell[1] or os.path.dirname(os.path.abspath(shell[0]))
+    session = layout_session(model, path, data_folder=folder)  # the same layout: the values shown are outputs
+    return False, _ahead(session, shown, proto, job)
+
+
+def _shown(proto, names):
+    """({name: the output that shows it}, a copy of `proto` (the model's shell) that also outputs `names`), or
+    (None, None) where one cannot be shown (exposed.with_outputs' ValueError: the proof runs the original then)."""
+    import onnx
+
+    from runtime.inspect.sandbox.exposed import with_outputs
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    try:
+        model, shown = with_outputs(model, names)
+    except ValueError:
+        return None, None
+    return shown, model
+
+
+def _ahead(session, shown, proto, job):
+    """The original's outputs on the proof's feeds from `session` (showing `shown`), saved where job["proving"]
+    says (originals.save's answer), or None where onnxruntime refuses those feeds: the proof runs the original then,
+    and says why."""
+    from runtime.inspect.sandbox import originals, proof
+    try:
+        feed_sets = proof.proof_feeds(job, proto)
+        outputs = [proof.outputs_of(run) for run in proof.run_each(session, shown, [f for _, f in feed_sets])]
+    except Exception:  # noqa: BLE001 - the proof meets it again, and reports it
+        return None
+    return originals.save(outputs, feed_sets, job["proving"]["out"])
 
 
 def _data_written(path, shell, proto, layout, sizes, written=False):
@@ -168,12 +203,12 @@ def _measure_together(job):
                        bool(layout) and not inline and folding.made_at_load(proto, part["sizes"])))
         protos.append(proto if layout else None)
         shells.append(shell)
-        later += [(shell, layout, proto, part["sizes"])] if inline else []
+        later += [(shell, layout, proto, part)] if inline else []
     figures = sessions_growth(models, job["prepacking"])
     if not any(part.get("layout") for part in job["files"]):
         return figures
     let_go()  # the sessions measured: gone before a layout's own session opens
-    apart = {layout: _written_apart(shell, layout, proto, sizes) for shell, layout, proto, sizes in later}
+    apart = {layout: _written_apart(shell, layout, proto, part["sizes"], part) for shell, layout, proto, part in later}
     layouts = []
     for part, proto, shell, run in zip(job["files"], protos, shells, models):
         if proto is None:
@@ -181,8 +216,8 @@ def _measure_together(job):
             continue
         layout = _proto(part["layout"])
         owned = 0 if part["layout"] in apart else owned_bytes(proto, layout)
-        written = apart[part["layout"]] if part["layout"] in apart else run[4]  # its data written as it opened
-        layouts.append({"onnxruntime": onnxruntime.__version__, "owned_bytes": owned,
+        written, ahead = apart.get(part["layout"], (run[4], None))  # its data written as it opened, or apart
+        layouts.append({"onnxruntime": onnxruntime.__version__, "owned_bytes": owned, "originals": ahead,
                         **_data_written(part["layout"], shell, proto, layout, part["sizes"], written)})
     return {**figures, "layouts": layouts}
 

@@ -56,10 +56,11 @@ class Limits:
     """What the children may take: `timeout` seconds of wall time from now for all of them together (the whole
     command's --timeout), `memory` bytes of address space each; `progress` is told each step as it starts
     (runtime.progress.Progress on a terminal; by default nothing); `committing()` is called once OUT is in place
-    (guard.committing: from there the deadline no longer interrupts)."""
+    (guard.committing: from there the deadline no longer interrupts); `proving`: a --retie will prove what these
+    children examine, so a session of the original they open anyway runs the proof's feeds too (jobs.proving)."""
 
-    def __init__(self, timeout=TIMEOUT, memory=None, progress=None, committing=None):
-        self.timeout, self.memory = timeout, memory
+    def __init__(self, timeout=TIMEOUT, memory=None, progress=None, committing=None, proving=False):
+        self.timeout, self.memory, self.proving = timeout, memory, proving
         self.deadline = time.monotonic() + timeout
         self.progress = progress or (lambda stage: None)
         self.committing = committing or (lambda: None)  # told just before the outputs are placed (guard.committing)

@@ -54,6 +54,13 @@ def measure(source, folder, rows, shape, prepacking=True, layout=None, sizes=Non
     return job if layout is None else {**job, "layout": layout, "sizes": sizes}
 
 
+def proving(job, show, out):
+    """A measure job (or a measure_together part) whose layout, where a session of its own writes it once the one
+    measured is let go, also gives a --retie's proof the original's outputs: that session shows `show` (the heads'
+    hidden vectors and products) and runs the proof's feeds, saved at `out` (sandbox.originals.save)."""
+    return {**job, "proving": {"show": show, "out": out}}
+
+
 def measure_together(parts, folder, prepacking):
     """Measure every file of a folder in one process (Pss): `parts` [{"checked", "rows", "shape"}]."""
     return {"kind": "measure_together", "files": parts, "folder": folder, "prepacking": prepacking}
@@ -70,8 +77,9 @@ class Proof(NamedTuple):
     """What a prove job proves: the original (its path, its Model's checked), the staged retied model `after`, the
     [Rewritten] heads, the feeds' rows and shape, and how: `upstream` (the inputs other files of a folder make),
     `in_place` (weights read in place: the original is run with prepacking off), `layout` (where the retied
-    model's session writes its optimized model's layout) with `sizes`, `measure` (measure that session), and
-    `keep` ({"input", "outputs", "heads": {output: KeptHead}} or None)."""
+    model's session writes its optimized model's layout) with `sizes`, `measure` (measure that session), `keep`
+    ({"input", "outputs", "heads": {output: KeptHead}} or None), and `originals`: the original's outputs on the
+    proof's feeds as inspect's child saved them ahead (sandbox.originals.save's), or None."""
     before: str
     checked: dict
     after: str
@@ -84,6 +92,7 @@ class Proof(NamedTuple):
     sizes: list | None = None
     measure: bool = False
     keep: dict | None = None
+    originals: dict | None = None
 
 
 def prove(proof, folder):

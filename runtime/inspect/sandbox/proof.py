@@ -14,11 +14,12 @@ from runtime.inspect.sandbox.exposed import with_outputs
 from runtime.inspect.sandbox.feeds import NoFeeds, describe, shaped_feeds, steps
 from runtime.inspect.sandbox.folding import made_at_load
 from runtime.inspect.sandbox.jobs import kept_heads_of, rewritten_of
+from runtime.inspect.sandbox.originals import given
 from runtime.resident import resident, sessions_growth
 from runtime.runner import Runner, layout_session
 
 
-def _runs(session, shown, feed_sets):
+def run_each(session, shown, feed_sets):
     """A generator: for each feeds of `feed_sets` in turn, every output of `session` and, by their names, the
     values `shown` ({name: the output that shows it}, exposed.with_outputs') shows. One session, run on every feed set;
     let go after the last (or when the generator is closed)."""
@@ -77,7 +78,7 @@ def prove(job):
     head_of = {r.output: (r.hidden, r.table) for r in rewritten if r.output}
     chains = agree.chains(before, head_of)
     watched = hidden_names + sorted(h for h in head_of if h not in {o.name for o in before.proto.graph.output})
-    feed_sets = _feed_sets(job, before)
+    feed_sets = proof_feeds(job, before.proto)
     feeds_only = [f for *_, f in feed_sets]
     # one session of each model, run on every feed set in turn: one load each, one held at a time. The retied model
     # first, as it was staged, nothing shown: its session also writes its optimized model's layout (the copies it
@@ -90,10 +91,10 @@ def prove(job):
     try:
         session, figures, written = _retied(job, feeds_only[0])
         if keep:  # k = 0 and k = 1 fed: the default, whichever it is, is one of them
-            news = list(_runs(session, {}, [dict(f, **{keep["input"]: np.array(0, np.int64)}) for f in feeds_only]))
-            lasts = list(_runs(session, {}, [dict(f, **{keep["input"]: np.array(1, np.int64)}) for f in feeds_only]))
+            news = list(run_each(session, {}, [dict(f, **{keep["input"]: np.array(0, np.int64)}) for f in feeds_only]))
+            lasts = list(run_each(session, {}, [dict(f, **{keep["input"]: np.array(1, np.int64)}) for f in feeds_only]))
         else:
-            news = list(_runs(session, {}, feeds_only))
+            news = list(run_each(session, {}, feeds_only))
     except Exception:  # noqa: BLE001 - the retied model refused: unless the original is refused too (OriginalFails)
         session = None
         _originals(job, before, folder, watched, feed_sets)
@@ -115,13 +116,14 @@ def prove(job):
     return Proven(failures + more, figures, {"exact": exact, "formats": formats}, drift, heads, written)
 
 
-def _feed_sets(job, before):
-    """[(what it is, feeds)]: the proof's feeds for each of the plan's steps (feeds.plan), each branch of a merged
-    decoder, inputs another file makes made by that file; OriginalFails where no feeds can be made."""
+def proof_feeds(job, proto):
+    """[(what it is, feeds)]: the proof's feeds of the model `proto` for each of the plan's steps (job["shape"],
+    feeds.plan; its ids' rows job["rows"]), each branch of a merged decoder, inputs another file makes made by that
+    file (job["upstream"]); OriginalFails where no feeds can be made."""
     feed_sets, made = [], {}
     for past, sequence in steps(job["shape"]):
         try:
-            runs = _branch_feeds(before.proto, job["rows"], job["shape"], sequence, past)
+            runs = _branch_feeds(proto, job["rows"], job["shape"], sequence, past)
         except NoFeeds as e:  # the inputs cannot be made, so nothing can be run
             raise OriginalFails(f"onnxruntime cannot run the original model on the proof's feeds "
                                 f"({describe(dict(job['shape'], steps=[[past, sequence]]))}): {e} (--proof-past N "
@@ -172,7 +174,7 @@ def _drift(before, folder, feed_sets, news, heads):
     kernel): {"most": the largest absolute difference (inf where NaN meets a number), "output", "at": the feed
     set, "largest": the largest |value| of that output there}, the first of the largest."""
     drift = {"most": 0.0, "output": None, "at": None, "largest": 0.0}
-    runs = _runs(Runner(before.proto, data_folder=folder).session, {}, [f for _, f in feed_sets])
+    runs = run_each(Runner(before.proto, data_folder=folder).session, {}, [f for _, f in feed_sets])
     for (said, _), new, old in zip(feed_sets, news, runs):
         for name in (n for n in new if n in old and n not in heads and old[n].shape == new[n].shape):
             a, b = old[name].astype(np.float64), new[name].astype(np.float64)
@@ -185,14 +187,19 @@ def _drift(before, folder, feed_sets, news, heads):
 
 
 def _originals(job, before, folder, watched, feed_sets):
-    """The original model's outputs (and the `watched` values it shows) on each of `feed_sets`, from one session;
-    OriginalFails where onnxruntime refuses it (then nothing about the retie is known)."""
+    """The original model's outputs (and the `watched` values it shows) on each of `feed_sets`, from one session,
+    or as inspect's child saved them ahead on those very feeds (originals.given: job["originals"], unless its
+    weights are read in place or another file feeds it); OriginalFails where onnxruntime refuses it (then nothing
+    about the retie is known)."""
+    ahead = None if job.get("in_place") or job.get("upstream") else given(job.get("originals"), feed_sets, watched)
+    if ahead is not None:
+        return ahead
     olds, feeds_only = [], [f for *_, f in feed_sets]
     for said, _ in feed_sets:
         try:
             if not olds:  # a file whose weights the retie reads in place (retie.branches) against the export unpacked
-                originals = _runs(*_original(before.proto, folder, watched, not job.get("in_place")), feeds_only)
-            olds.append(_outputs_of(next(originals)))
+                originals = run_each(*_original(before.proto, folder, watched, not job.get("in_place")), feeds_only)
+            olds.append(outputs_of(next(originals)))
         except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
             raise OriginalFails(refused(said, e)) from None
     originals.close()
@@ -275,6 +282,6 @@ def _fed_from(feeds, upstream, made):
     return dict(feeds, **{name: value})
 
 
-def _outputs_of(run):
+def outputs_of(run):
     """A run's graph outputs and watched values, less the outputs that only show a watched value."""
     return {k: v for k, v in run.items() if not k.startswith("proof_shows_")}
