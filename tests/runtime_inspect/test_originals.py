@@ -3,13 +3,16 @@
 vectors and runs the proof's feeds, and the proof reads what it saved instead of loading the original again. The
 saved outputs must be what the proof's own session of the original gives, bit for bit, on the very feeds the proof
 makes; anything else is not taken."""
+import json
 import os
 
 import numpy as np
 import pytest
 
+from graphs.storage import stage
 from runtime.inspect.examine import inspect_model
-from runtime.inspect.sandbox import isolated, originals, proof
+from runtime.inspect.retie.rewrite import planned
+from runtime.inspect.sandbox import isolated, jobs, originals, proof
 from runtime.model.read.model import load
 from tests.helpers import FIXTURES, inspected
 
@@ -60,3 +63,26 @@ def test_a_retie_proven_on_outputs_given_ahead_writes_what_it_proved(tmp_path, k
     out = tmp_path / "fixed.onnx"
     done = inspected(GPT2, "--retie", out, *(["--logits-to-keep", "1"] if keep else []))
     assert "every other output bit for bit" in " ".join(done.stdout.split()) and out.exists()
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_the_proof_opens_no_session_of_the_original_where_its_outputs_were_given_ahead(tmp_path, monkeypatch, ahead):
+    info, _, _ = _ahead(tmp_path)
+    model = info["model"]
+    rewritten, sources = planned(model, info, lambda line: None)
+    staged = stage(model.proto, tmp_path / "out.onnx", sources=sources)
+    job = json.loads(json.dumps(jobs.prove(jobs.Proof(  # as the child gets it
+        GPT2, model.checked, staged.path, rewritten, info["rows"], info["shape"],
+        originals=info["originals"] if ahead else None), str(tmp_path))))
+    opened = []
+
+    class Counted(proof.Runner):
+        def __init__(self, onnx_model, **kwargs):
+            opened.append(onnx_model)
+            super().__init__(onnx_model, **kwargs)
+
+    monkeypatch.setattr(proof, "Runner", Counted)
+    proven = proof.prove(job)
+    staged.discard()
+    assert rewritten and proven.failures == [] and proven.heads["formats"] == ["float32"]  # proven either way
+    assert len(opened) == (1 if ahead else 2)  # the retied model's session, and the original's unless given ahead
