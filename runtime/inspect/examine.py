@@ -15,7 +15,7 @@ from runtime.model.graph.weights import shared_weights
 from runtime.model.read import paths
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
-from runtime.inspect.sandbox import feeds, folding, isolated, jobs, memory
+from runtime.inspect.sandbox import feeds, folding, isolated, jobs, memory, originals
 from runtime.resident import OWNED_MOST, prepacked_copies, unscoped
 
 
@@ -93,15 +93,13 @@ class Examination:
                               "layout": self.out, "sizes": self.sizes})
 
     def _proving(self, job):
-        """`job` (this file's measuring job or part) where no --retie will prove it (limits.proving) or it has no
-        head shaped as a table; else jobs.proving's: the heads' hidden vectors and products shown, where a session
-        of its own writes the layout, and the proof's feeds run there (sandbox.originals)."""
+        """`job` (this file's measuring job or part) where no --retie will prove it (limits.proving), or where the
+        hidden vectors its heads shaped as a table read cannot be shown without changing what onnxruntime makes of
+        the graph (originals.shown_ahead); else jobs.proving's: those shown, where a session of its own writes the
+        layout, and the proof's feeds run there (sandbox.originals)."""
         heads = [h for h in self.watched if "as_table" in h and h["graph"] == "main"]
-        if not self.limits.proving or not heads:
-            return job
-        outputs = {o.name for o in self.model.proto.graph.output}
-        show = {h["node"].input[0] for h in heads} | {h["node"].output[0] for h in heads} - outputs
-        return jobs.proving(job, sorted(show), os.path.join(self.folder, "originals.npz"))
+        show = originals.shown_ahead(self.model.proto, heads) if self.limits.proving and heads else None
+        return job if show is None else jobs.proving(job, show, os.path.join(self.folder, "originals.npz"))
 
     def begin(self):
         """Start the first child: measure the defaults and write the layout where self.merged, else the layout."""

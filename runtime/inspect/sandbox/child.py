@@ -125,17 +125,24 @@ def _written_apart(shell, path, proto, sizes, job=None):
         write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
         return True, None
     shown, model = _shown(proto, job["proving"]["show"]) if (job or {}).get("proving") else (None, None)
-    if model is None:
-        write_optimized_layout(shell[0], path, data_folder=shell[1])
-        return False, None
-    folder = shell[1] or os.path.dirname(os.path.abspath(shell[0]))
-    session = layout_session(model, path, data_folder=folder)  # the same layout: the values shown are outputs
-    return False, _ahead(session, shown, proto, job)
+    if model is not None:
+        folder = shell[1] or os.path.dirname(os.path.abspath(shell[0]))
+        try:  # the same layout: only values no fusion reads are shown (originals.shown_ahead)
+            session = layout_session(model, path, data_folder=folder)
+        except MemoryError:
+            raise
+        except Exception:  # noqa: BLE001 - onnxruntime refusing the model with them shown: the layout as it is
+            session = None
+        if session is not None:
+            return False, _ahead(session, shown, proto, job)
+    write_optimized_layout(shell[0], path, data_folder=shell[1])
+    return False, None
 
 
 def _shown(proto, names):
     """({name: the output that shows it}, a copy of `proto` (the model's shell) that also outputs `names`), or
-    (None, None) where one cannot be shown (exposed.with_outputs' ValueError: the proof runs the original then)."""
+    (None, None) where one cannot be shown (exposed.with_outputs' ValueError, onnx's shape inference failing: the
+    proof runs the original then)."""
     import onnx
 
     from runtime.inspect.sandbox.exposed import with_outputs
@@ -143,22 +150,24 @@ def _shown(proto, names):
     model.CopyFrom(proto)
     try:
         model, shown = with_outputs(model, names)
-    except ValueError:
+    except (ValueError, onnx.shape_inference.InferenceError):
         return None, None
     return shown, model
 
 
 def _ahead(session, shown, proto, job):
     """The original's outputs on the proof's feeds from `session` (showing `shown`), saved where job["proving"]
-    says (originals.save's answer), or None where onnxruntime refuses those feeds: the proof runs the original then,
-    and says why."""
+    says (originals.save's answer), or None where they cannot be made (onnxruntime refusing those feeds, which the
+    proof then meets again and reports)."""
     from runtime.inspect.sandbox import originals, proof
     try:
         feed_sets = proof.proof_feeds(job, proto)
         outputs = [proof.outputs_of(run) for run in proof.run_each(session, shown, [f for _, f in feed_sets])]
+    except MemoryError:
+        raise
     except Exception:  # noqa: BLE001 - the proof meets it again, and reports it
         return None
-    return originals.save(outputs, feed_sets, job["proving"]["out"])
+    return originals.save(outputs, feed_sets, job["proving"]["out"], shown)
 
 
 def _data_written(path, shell, proto, layout, sizes, written=False):
