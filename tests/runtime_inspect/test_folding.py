@@ -158,3 +158,33 @@ def test_a_large_folded_copy_counts_as_held_once_written_only_where_a_kernel_pre
         layout = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [], [
             _external("w", [elements]), _external("w_transposed", [elements], **entries)]))
         assert resident.owned_bytes(original, layout) == held
+
+
+def test_a_folded_tensor_the_model_names_as_a_widening_is_compared_by_its_values(tmp_path):
+    # a Cast then a Mul by 2 of a float16 table, the Mul's output named as onnxruntime names its own widening: not
+    # the provider's copy, so not told by its name; its values (twice the table's) are compared, and it is no copy
+    from onnx import TensorProto, helper
+    from tests.helpers import model_of
+    table = np.random.default_rng(3).standard_normal((16, 4)).astype(np.float16)
+    name = folding.WIDENED + "embedding"
+    model = model_of([helper.make_node("Gather", ["embedding", "ids"], ["embeddings"]),
+                      helper.make_node("Cast", ["embedding"], ["wide"], to=TensorProto.FLOAT),
+                      helper.make_node("Mul", ["wide", "two"], [name]),
+                      helper.make_node("MatMul", ["hidden", name], ["logits"])],
+                     [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
+                      helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["n", 16])],
+                     [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT16, ["n", 4]),
+                      helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 4])],
+                     [numpy_helper.from_array(table, "embedding"),
+                      numpy_helper.from_array(np.array(2, np.float32), "two")])
+    path, layout_path = str(tmp_path / "m.onnx"), str(tmp_path / "optimized.onnx")
+    onnx.save(model, path)
+    write_optimized_layout(path, layout_path)
+    proto, layout = onnx.load(path), onnx.load(layout_path, load_external_data=False)
+    assert name in {t.name for t in made(proto, layout)}  # folded under the name the model gave it
+    assert folding.folded_from(proto, layout, [table.size]) is None  # not told: its data written, its values compared
+    assert _bits_equal(_held(path, tmp_path, name), 2 * table.astype(np.float32))  # twice the table: no copy
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    found = inspect_model(path, str(scratch))
+    assert not [c for c in found["runtime_copies"] if c.get("copy_of")]

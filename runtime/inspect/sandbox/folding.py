@@ -102,6 +102,7 @@ def folded_from(proto, layout, sizes):
         return None
     weights = {t.name: t for t in proto.graph.initializer}
     producers = {out: node for node in _folded(proto, weights) for out in node.output}
+    named = {out for node in proto.graph.node for out in node.output}
     halves = {name: t for name, t in weights.items() if t.data_type in HALF}
     wanted = [t for t in layout.graph.initializer if t.name not in weights and math.prod(t.dims) in set(sizes)]
     if len(wanted) != sum(math.prod(t.dims) in set(sizes) for t in made(proto, layout)):
@@ -112,7 +113,9 @@ def folded_from(proto, layout, sizes):
         if node is not None:
             told = _view(node, weights[node.input[0]], tensor)
         else:
-            weight = _widening(tensor.name, tensor.dims, halves) if tensor.data_type == TensorProto.FLOAT else None
+            # a name the model's own nodes give (a folded Mul named "FusedBack_<table>") is not the provider's
+            weight = _widening(tensor.name, tensor.dims, halves) if tensor.data_type == TensorProto.FLOAT and \
+                tensor.name not in named else None
             told = weight and {"of": weight.name, "view": "widened"}
         if not told:
             return None
