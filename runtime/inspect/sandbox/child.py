@@ -38,7 +38,8 @@ def _optimize(job):
     """onnxruntime's optimized model written to job["out"], its prepacked copies recorded. With job["sizes"] (the
     element counts of the tensors whose copies are looked for), its layout, without data, and what a copy of one
     of those sizes needs to be compared (_data_written: told by the node that folded it, or the data
-    written). Written from the model's shell: the optimized model is the same, its large tensors not parsed into a protobuf first."""
+    written). Written from the model's shell: the optimized model is the same, its large tensors not parsed into a
+    protobuf first."""
     import onnxruntime
 
     from runtime.runner import write_optimized_layout, write_optimized_model
@@ -145,11 +146,9 @@ def _shown(proto, names):
     proof runs the original then)."""
     import onnx
 
-    from runtime.inspect.sandbox.exposed import with_outputs
-    model = onnx.ModelProto()
-    model.CopyFrom(proto)
+    from runtime.inspect.sandbox.exposed import shown_copy
     try:
-        model, shown = with_outputs(model, names)
+        model, shown = shown_copy(proto, names)
     except (ValueError, onnx.shape_inference.InferenceError):
         return None, None
     return shown, model

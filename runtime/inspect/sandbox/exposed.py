@@ -6,6 +6,13 @@ from onnx import helper
 from runtime.model.read.model import graph_paths
 
 
+def shown_copy(proto, names):
+    """with_outputs on a copy of `proto` (left as it is): (the copy, {name: the output that shows it})."""
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    return with_outputs(model, names)
+
+
 def with_outputs(model, names):
     """`model` also outputting `names` (the hidden vectors the heads read), and {name: the output that shows it}. A
     name inside an If branch (a merged decoder's head) becomes a new output of that branch and of its If node, the

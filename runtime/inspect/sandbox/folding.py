@@ -90,13 +90,13 @@ def folded_from(proto, layout, sizes):
     """{name: {"of": weight, "view": "transposed", "same", "reshaped" or "widened"}} for each tensor the optimized
     model `layout` (a ModelProto written for its layout: runner.write_optimized_layout) made of one of `sizes`
     elements, told by the node of `proto` (the model's shell) that constant folding folded it from, whose output
-    it is named after: a Transpose of a 2-D weight holds it transposed, a Reshape (Squeeze, Unsqueeze, Flatten, a Cast to its own type) its bytes
-    under other dims, and the CPU provider's float32 copy of a float16 / bfloat16 weight (named after it: WIDENED)
-    its values widened. Each of these ops only moves or widens values, so the node says what the copy holds and
-    no value is read: neither the optimized model's data (every weight again and each prepacked copy: 1.2 GB for
-    a 0.5 GiB model) nor a copy made again (a 544 MB transposed table, serialized and compared, took 2.4 s of a
-    Qwen2.5-shaped export's inspect). None where one was made some other way, or in a branch: the caller writes
-    the data then, and the values are compared."""
+    it is named after: a Transpose of a 2-D weight holds it transposed, a Reshape (Squeeze, Unsqueeze, Flatten, a
+    Cast to its own type) its bytes under other dims, and the CPU provider's float32 copy of a float16 / bfloat16
+    weight (named after it: WIDENED, and no node's output) its values widened. Each of these ops only moves or
+    widens values, so the node says what the copy holds and no value is read: neither the optimized model's data
+    (every weight again and each prepacked copy: 1.2 GB for a 0.5 GiB model) nor a copy made again (a 544 MB
+    transposed table, serialized and compared, took 2.4 s of a Qwen2.5-shaped export's inspect). None where one
+    was made some other way, or in a branch: the caller writes the data then, and the values are compared."""
     from runtime.resident import made
     if sizes is None:
         return None

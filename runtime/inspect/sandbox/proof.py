@@ -10,7 +10,7 @@ import onnx
 from runtime.model.read.checked import source
 from runtime.model.read.model import load
 from runtime.inspect.sandbox import agree
-from runtime.inspect.sandbox.exposed import with_outputs
+from runtime.inspect.sandbox.exposed import shown_copy
 from runtime.inspect.sandbox.feeds import NoFeeds, describe, shaped_feeds, steps
 from runtime.inspect.sandbox.folding import made_at_load
 from runtime.inspect.sandbox.jobs import kept_heads_of, rewritten_of
@@ -33,9 +33,7 @@ def _original(proto, folder, hidden_names, prepacking):
     """(a session of the original model, a ModelProto whose data onnxruntime reads from `folder`, with the hidden
     vectors the heads read shown as outputs; {name: output}); `prepacking`: False runs it with
     session.disable_prepacking."""
-    model = onnx.ModelProto()
-    model.CopyFrom(proto)
-    model, shown = with_outputs(model, hidden_names)
+    model, shown = shown_copy(proto, hidden_names)
     # onnxruntime is the judge: contrib ops are beyond the onnx checker
     return Runner(model, data_folder=folder, prepacking=prepacking).session, shown
 
