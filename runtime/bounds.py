@@ -82,5 +82,7 @@ def quantized_head_bound(hidden, table, block_size, accuracy_level):
     blocks = width // block_size
     scale = h.reshape(len(h), blocks, block_size).max(-1) / 127 * (1 + 2 * U)  # the float32 scale, rounded up
     step = np.repeat(scale / 2, block_size, axis=1) + 2 * U * h  # |h_i - h^_i| at most
-    bound = step @ t.T + gamma(blocks + 2) * ((h + step) @ t.T) + U * (h @ t.T)
+    sums = np.concatenate([step, h + step, h]) @ t.T  # the three sums in one pass over the table
+    n = len(h)
+    bound = sums[:n] + gamma(blocks + 2) * sums[n:2 * n] + U * sums[2 * n:]
     return bound * (1 + 2 * (width + 2) * U64)  # float64's own rounding of these sums, kept an upper bound

@@ -347,3 +347,38 @@ def test_the_proof_at_one_position_fails_on_a_row_that_is_not_the_last():
     heads = {"logits": ("hidden", "table")}
     assert agree.compare(last, {"logits": logits[:, -1:]}, heads, chains, {"table": table}) == []
     assert agree.compare(last, {"logits": logits[:, :1]}, heads, chains, {"table": table}) != []
+
+
+def test_a_matmulnbits_bound_over_every_run_at_once_is_each_runs_own():
+    # the proof decodes the int4 table once for all its runs (agree.nbits_bounds): each run gets what its own
+    # decoding gives, in its own shape, and a run without the hidden vector gets none
+    from runtime.inspect.sandbox import agree
+    from runtime.model.graph.quantized import Quant
+    from runtime.model.read.model import load
+    model = load(os.path.join(FIXTURES, "genai_int4", "model.onnx"))
+    node = next(n for n in model.proto.graph.node if n.op_type == "MatMulNBits" and "lm_head" in n.name)
+    attrs = {a.name: a.i for a in node.attribute}
+    quant = Quant(codes=node.input[1], scale=node.input[2], zero_point=None, bits=attrs["bits"], blocks=True,
+                  width=attrs["K"])
+    how = {"quant": quant.__dict__, "block_size": attrs["block_size"], "accuracy_level": attrs["accuracy_level"]}
+    rng = np.random.default_rng(3)
+    runs = [{"h": rng.standard_normal((1, 3, attrs["K"])).astype(np.float32)}, {},
+            {"h": rng.standard_normal((2, 1, attrs["K"])).astype(np.float32)}]
+    together = agree.nbits_bounds(model, runs, "h", how)
+    assert together[1] is None
+    for run, bound in zip((runs[0], runs[2]), (together[0], together[2])):
+        alone = agree.nbits_bound(model, run["h"], how)
+        assert bound.shape == alone.shape == run["h"].shape[:-1] + (attrs["N"],)
+        np.testing.assert_allclose(bound, alone, rtol=1e-12, atol=0)
+
+
+def test_the_level_4_bound_sums_its_three_terms_each_from_its_own_vectors():
+    # quantized_head_bound sums step, h + step and h against |table| in one product: each term from its own rows
+    from runtime.bounds import U, U64, gamma, quantized_head_bound
+    rng = np.random.default_rng(4)
+    hidden, table = rng.standard_normal((3, 64)), rng.standard_normal((10, 64))
+    h, t = np.abs(hidden.astype(np.float32).astype(np.float64)), np.abs(table)
+    scale = h.reshape(3, 2, 32).max(-1) / 127 * (1 + 2 * U)
+    step = np.repeat(scale / 2, 32, axis=1) + 2 * U * h
+    expected = (step @ t.T + gamma(4) * ((h + step) @ t.T) + U * (h @ t.T)) * (1 + 2 * 66 * U64)
+    np.testing.assert_allclose(quantized_head_bound(hidden.astype(np.float32), table, 32, 4), expected, rtol=1e-12)

@@ -69,6 +69,24 @@ def nbits_bound(model, hidden, how, rows=4096):
     return 2 * np.concatenate(parts, axis=-1).reshape(hidden.shape[:-1] + (vocab,))
 
 
+def nbits_bounds(model, runs, hidden, how):
+    """nbits_bound of each run's `hidden` (None where a run has none), the table decoded once for all of them."""
+    values = [run[hidden] if hidden in run and run[hidden].size else None for run in runs]
+    present = [v for v in values if v is not None]
+    if not present:
+        return [None] * len(runs)
+    flat = np.concatenate([v.reshape(-1, v.shape[-1]) for v in present])
+    found = nbits_bound(model, flat, how)
+    if found is None:
+        return [None] * len(runs)
+    at, bounds = 0, []
+    for v in values:
+        count = 0 if v is None else v.size // v.shape[-1]
+        bounds.append(None if v is None else found[at:at + count].reshape(v.shape[:-1] + found.shape[-1:]))
+        at += count
+    return bounds
+
+
 def last_position(run, names):
     """`run` with each value of `names` that has a position axis (rank 3 or more, the one before the last) cut to
     its last position: what a head that keeps one position gives, from the original's run."""

@@ -151,13 +151,14 @@ def _last_failures(before, keep, every, nbits, tables, runs):
     """(failures, whether the kept outputs are bit for bit) at k = 1: each of `runs` [((what, feeds), the original's
     outputs, the retied model's at k = 1, agree.bounds' entry)] against the original's last position."""
     failures, last_chains, exact = [], agree.chains(before, every), True
-    for (said, _), old, new, bounds in runs:
-        old = agree.last_position(old, set(keep["outputs"]) | set(every) | {h for h, _ in every.values()})
-        bounds = {key: b[..., -1:, :] for key, b in bounds.items()}
-        for hidden, table, how in nbits.values():
-            found = agree.nbits_bound(before, old[hidden], how) if hidden in old and old[hidden].size else None
+    runs = [(said, agree.last_position(old, set(keep["outputs"]) | set(every) | {h for h, _ in every.values()}),
+             new, {key: b[..., -1:, :] for key, b in bounds.items()}) for (said, _), old, new, bounds in runs]
+    for hidden, table, how in nbits.values():  # each table decoded once for every run
+        for bounds, found in zip([b for *_, b in runs], agree.nbits_bounds(before, [old for _, old, *_ in runs],
+                                                                             hidden, how)):
             if found is not None:
                 bounds[hidden, table] = found
+    for said, old, new, bounds in runs:
         failures += [f"{said}, {keep['input']} 1: {f}"
                      for f in agree.compare(old, new, every, last_chains, tables, bounds)]
         exact = exact and all(name in new and np.array_equal(old[name].view(np.uint8), new[name].view(np.uint8))
