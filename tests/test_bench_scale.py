@@ -107,14 +107,14 @@ def _figure(wall_s, mib, status=0):
 
 
 def test_real_models_judges_ratios_or_a_short_sessions_allowance():
-    figures = {"model": "m", "decoder": "", "size_bytes": 2**30, "interpreter": _figure(1.0, 40),
+    figures = {"model": "m", "decoder": "", "size_bytes": 2**30, "interpreters": _figure(2.0, 80),
                "baseline": _figure(4.0, 1000), "inspect": _figure(10.0, 1300), "static": _figure(1.0, 100),
                "retie": _figure(20.4, 1400), "keep": _figure(8.0, 1200, status=1)}
     judged = {name: (round(t, 3), round(p, 3), met) for name, _, t, p, _, met in real_models.judged(figures)}
     # 10 / 4 = 2.5x and 1300 / 1000 = 1.3x: on the targets; 20.4 / 4 = 5.1x > 5x; keep exited 1
     assert judged == {"inspect": (2.5, 1.3, True), "static": (0.25, 0.1, None), "retie": (5.1, 1.4, False),
                       "keep": (2.0, 1.2, False)}
-    figures["baseline"] = _figure(1.5, 100)  # shorter than two 1.0 s interpreters: within +2 s and +150 MiB
+    figures["baseline"] = _figure(1.5, 100)  # shorter than two interpreters started in 2.0 s: within +2 s and +150 MiB
     figures.update(inspect=_figure(3.5, 250), retie=_figure(3.6, 200), keep=_figure(3.0, 251))
     met = {name: ok for name, _, _, _, _, ok in real_models.judged(figures)}
     assert met == {"inspect": True, "static": None, "retie": False, "keep": False}
@@ -127,8 +127,8 @@ def test_real_models_measures_every_command_against_a_session_that_ran(tmp_path)
         config = json.load(f)["model"]
     figures = real_models.measure_model(folder, str(tmp_path))
     assert figures["size_bytes"] == sum(e.stat().st_size for e in os.scandir(folder))
-    assert {k: figures[k]["status"] for k in ("interpreter", "baseline", "inspect", "static", "retie", "keep")} == {
-        "interpreter": 0, "baseline": 0, "inspect": 0, "static": 0, "retie": 0, "keep": 0}
+    assert {k: figures[k]["status"] for k in ("interpreters", "baseline", "inspect", "static", "retie", "keep")} == {
+        "interpreters": 0, "baseline": 0, "inspect": 0, "static": 0, "retie": 0, "keep": 0}
     decoder = config["decoder"]
     kv = [1, decoder["num_key_value_heads"], real_models.TOKENS, decoder["head_size"]]  # empty pasts + 4 tokens
     outputs = figures["baseline"]["outputs"]

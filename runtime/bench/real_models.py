@@ -8,10 +8,12 @@ default SessionOptions: load the decoder (genai_config.json's decoder in a genai
 decoder_model_merged.onnx; a file itself) and run it once on 4 new tokens with empty pasts. The commands:
 `inspect PATH`, `--static`, `--retie OUT` and `--retie OUT --logits-to-keep 1`, OUT in a scratch folder. Judged
 against issue 47's targets: inspect within 2.5x the session's time and 1.3x its peak, --retie within 5x and 1.5x;
-for a session shorter than starting two interpreters (`python -c "import numpy, onnxruntime"` twice, timed in
-this run), within 2 s and 150 MiB more than the session instead, for every command. --static has no target."""
+for a session shorter than starting the two interpreters inspect starts (its parent imports numpy and onnx, its
+child onnxruntime too: `python -c "import numpy, onnx"`, then `python -c "import numpy, onnx, onnxruntime"`, timed
+together in this run), within 2 s and 150 MiB more than the session instead, for every command. --static has no target."""
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,6 +27,8 @@ TARGETS = {"inspect": (2.5, 1.3), "static": (None, None), "retie": (5.0, 1.5), "
 LABELS = {"keep": "retie --logits-to-keep 1"}
 SHORT = (2.0, 150 * 2**20)  # a short session's allowance: seconds and bytes more than it, for every command
 TOKENS = 4  # the first step's new tokens
+INTERPRETERS = ("import numpy, onnx", "import numpy, onnx, onnxruntime")  # what inspect's parent and its child
+# import before any work
 
 _SESSION = """
 import json, sys, numpy as np, onnxruntime as ort
@@ -87,14 +91,15 @@ def _session(decoder, where):
 
 
 def measure_model(path, scratch=None):
-    """Every command's figures for one model file or folder: {model, decoder, size_bytes, interpreter, baseline,
+    """Every command's figures for one model file or folder: {model, decoder, size_bytes, interpreters, baseline,
     inspect, static, retie, keep}. OUT goes to a scratch folder, emptied between commands and removed after."""
     where = tempfile.mkdtemp(prefix="onnx-lab-real-", dir=scratch)
     try:
         decoder = decoder_of(path)
         figures = {"model": path, "decoder": os.path.relpath(decoder, path) if decoder != path else "",
                    "size_bytes": size_bytes(path),
-                   "interpreter": measure([sys.executable, "-c", "import numpy, onnxruntime"]),
+                   "interpreters": measure(["sh", "-c", " && ".join(f"{shlex.quote(sys.executable)} -c '{imports}'"
+                                                                    for imports in INTERPRETERS)]),
                    "baseline": _session(decoder, where)}
         inspect = [sys.executable, "-m", "runtime.inspect", path]
         out = os.path.join(where, "out" if os.path.isdir(path) else "out.onnx")
@@ -110,8 +115,9 @@ def measure_model(path, scratch=None):
 
 
 def short(figures):
-    """Whether the plain session is shorter than starting two interpreters (then SHORT's allowance applies)."""
-    return figures["baseline"]["wall_s"] < 2 * figures["interpreter"]["wall_s"]
+    """Whether the plain session is shorter than starting inspect's two interpreters (then SHORT's allowance
+    applies)."""
+    return figures["baseline"]["wall_s"] < figures["interpreters"]["wall_s"]
 
 
 def judged(figures):
@@ -139,7 +145,7 @@ def lines(figures):
     yield (f"{figures['model']}{decoder}, {figures['size_bytes'] / gib:.2f} GiB: plain session {base['wall_s']:.1f} s, "
            f"peak {base['peak_bytes'] / gib:.2f} GiB Pss" + (f"; exit {base['status']}: {base['error']}"
                                                              if base["status"] else "")
-           + (f" (shorter than two interpreters, 2 x {figures['interpreter']['wall_s']:.1f} s)" if short(figures)
+           + (f" (shorter than inspect's two interpreters, {figures['interpreters']['wall_s']:.1f} s)" if short(figures)
               else ""))
     for name, f, t, p, target, met in judged(figures):
         verdict = "" if met is None else ": met" if met else ": NOT met"
