@@ -65,7 +65,7 @@ def matmul_ratios(path):
         result = {"self_score": (ours, theirs)}
         k = 8
         start = time.perf_counter()
-        found = figures.hubs(lab, k)
+        figures.hubs(lab, k)
         ours = time.perf_counter() - start
         sample = figures.hub_sample(len(values))
         start = time.perf_counter()

@@ -16,7 +16,7 @@ from runtime.model.read import checked as read_checked
 from runtime.model.read import wire
 from runtime.model.read.model import all_tensors, load
 from runtime.model.read.text import InspectError
-from tests.helpers import FIXTURES, layered
+from tests.helpers import FIXTURES
 
 
 def _inline(path, vocab=4096, width=16):

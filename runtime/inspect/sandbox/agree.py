@@ -7,7 +7,7 @@ import numpy as np
 from onnx import TensorProto
 
 from graphs.arrays import release
-from runtime.bounds import NARROW, U, bound_words, dot_bounds, quantized_head_bound, rounded_apart, unit_roundoff
+from runtime.bounds import NARROW, bound_words, dot_bounds, quantized_head_bound, rounded_apart, unit_roundoff
 from runtime.model.findings.shares import scalar_constant
 from runtime.model.graph.ops import SCALES, WITHIN_ITS_INPUT
 from runtime.model.graph.quantized import Quant, decoded
