@@ -10,7 +10,8 @@ decoder_model_merged.onnx; a file itself) and run it once on 4 new tokens with e
 against issue 47's targets: inspect within 2.5x the session's time and 1.3x its peak, --retie within 5x and 1.5x;
 for a session shorter than starting the two interpreters inspect starts (its parent imports numpy and onnx, its
 child onnxruntime too: `python -c "import numpy, onnx"`, then `python -c "import numpy, onnx, onnxruntime"`, timed
-together in this run), within 2 s and 150 MiB more than the session instead, for every command. --static has no target."""
+together in this run), within 2 s and 150 MiB more than the session instead, for every command. --static has no
+target."""
 import json
 import os
 import shlex

@@ -1,7 +1,7 @@
 """The retie proof: both models run on the same decoder feeds (feeds.plan's; in a folder, an input another file
 makes is that file's output); heads agree within float32's bound (a float16 / bfloat16 head's, within its
-format's: agree), the rest bit for bit. It runs in the isolated child (runtime.inspect.sandbox.isolated), since it opens sessions on an untrusted
-model and runs onnx's shape inference on it."""
+format's: agree), the rest bit for bit. It runs in the isolated child (runtime.inspect.sandbox.isolated), since it
+opens sessions on an untrusted model and runs onnx's shape inference on it."""
 from typing import NamedTuple
 
 import numpy as np
