@@ -58,12 +58,25 @@ def lines(verdict, vocabulary, where, process, static):
         else:
             held = "" if e["copies_in_memory"] is None else f", held {times(e['copies_in_memory'])} by {process}"
             wasted = [f"{human(e['wasted_bytes_on_disk'])} on disk"] if e["wasted_bytes_on_disk"] else []
-            wasted += [f"{human(e['wasted_bytes_in_memory'])} in memory"] if e["wasted_bytes_in_memory"] else []
+            wasted += [f"{human(e['wasted_bytes_in_memory'])} in memory{_not_resident(e, v)}"] \
+                if e["wasted_bytes_in_memory"] else []
             found.append(f"{e['table']}{f' ({size})' if size else ''}: stored {times(e['copies_on_disk'])}{place}"
                          f"{held}; wasted: {', '.join(wasted)}")
         found.append(f"  fix: {e['fix']} (writes a copy that holds it once)" if e["fix"] else
                      f"  no --retie fix: {e['why_not']}")
     return (found or _all_well(vocabulary, process, static)) + scored(verdict, bool(where))
+
+
+def _not_resident(e, vocabulary):
+    """What a run measured, where it shows fewer copies of the table resident than entry `e` counts held (their
+    `vocabulary` entry's times_table more than half a copy below them): a copy onnxruntime maps from the data file
+    and only a lookup reads keeps just the rows it looked up resident, so holding it wastes no resident memory;
+    else nothing."""
+    measured = (vocabulary.get("in_memory") or {}).get("defaults") or {}
+    resident, held = measured.get("times_table"), e["copies_in_memory"]
+    if resident is None or held is None or resident > held - 0.5:
+        return ""
+    return f" held, yet resident after a run only {resident:.2f}x the table beyond the other weights"
 
 
 def scored(verdict, folder):

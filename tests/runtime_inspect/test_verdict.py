@@ -259,3 +259,46 @@ def test_a_float16_head_held_twice_names_the_cpu_providers_float32_widening(name
     assert [c["bytes"] for c in copies if c.get("copy_of") == head.input[1] and c.get("view") == "widened"] == [
         weight.dims[0] * weight.dims[1] * 4]  # the float32 copy it names is in onnxruntime's optimized model
     assert unwrapped(inspected(path).stdout)[1] == f"  no --retie fix: {why}"
+
+
+_RESIDENT = """
+import re, sys, numpy as np, onnxruntime as ort
+def anon():
+    return int(re.search(r"RssAnon:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) * 1024
+before = anon()
+session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+session.run(None, {"ids": np.array([[1, 2, 3, 4]], np.int64)})
+print(anon() - before)
+"""
+
+
+def test_a_copy_held_but_not_resident_is_said_so(tmp_path):
+    # the same tied model (a 32 MiB table, its head a transposed duplicate) inline and with external data: a
+    # session maps external data, and the lookup's copy is then resident only where a run looked rows up, while
+    # the head's copy is prepacked (anonymous). The verdict and the retie say held, yet not resident, only there
+    import subprocess
+    import sys
+    from tests.helpers import layered
+    model = layered(1, vocab=16384, width=512)
+    table = 16384 * 512 * 4
+    inline, external = tmp_path / "inline.onnx", tmp_path / "external" / "model.onnx"
+    external.parent.mkdir()
+    onnx.save(model, inline)
+    onnx.save(model, external, save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx_data",
+              size_threshold=1024)
+    for path, mapped in ((inline, False), (external, True)):
+        # what a plain session keeps anonymous, measured here: the table twice inline, once with external data
+        grown = int(subprocess.run([sys.executable, "-c", _RESIDENT, str(path)], capture_output=True, text=True,
+                                   check=True).stdout)
+        assert (grown < 1.5 * table) == mapped, (path, grown / table)
+        data = findings(path)
+        (entry,) = problems(data)
+        measured = data["vocabulary"][0]["in_memory"]["defaults"]
+        assert entry["copies_in_memory"] == measured["copies"] == 2 and (measured["times_table"] < 1.5) == mapped
+        first = " ".join(unwrapped(inspected(path).stdout)[:1])
+        said = f"32.0 MiB in memory held, yet resident after a run only {measured['times_table']:.2f}x the table"
+        assert (said in first) == mapped and first.endswith("32.0 MiB in memory") != mapped, first
+        out = tmp_path / f"retied-{path.stem}{'-ext' if mapped else ''}.onnx"
+        retied = " ".join(unwrapped(inspected(path, "--retie", out).stdout))
+        assert "saved 32.0 MiB on disk, 32.0 MiB in memory" in retied, retied
+        assert ("32.0 MiB in memory held, though it was not resident" in retied) == mapped, retied

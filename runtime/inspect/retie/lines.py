@@ -120,6 +120,17 @@ def outcome_line(table, stored, held, size, by, fmt=None, notes=("", "")):
     return line + (widened_note(fmt) if now > 1 and fmt in NARROW else "")
 
 
+def not_resident(saved, before, after, how=""):
+    """What follows "saved <saved bytes> in memory" where the resident growth a run measured before and after the
+    retie (`before`, `after`; None: not measured) does not show half of it: the copy no longer held (`how` it was
+    found, as " (counted)") was not resident (a copy onnxruntime maps from the data file that only a lookup reads
+    keeps just the rows it looked up); else `how`, as for a saving under counting.RESOLUTION, which resident bytes
+    do not show."""
+    if None in (before, after) or saved < counting.RESOLUTION or before - after >= saved / 2:
+        return how
+    return f" held{how}, though it was not resident"
+
+
 def gained_line(table, copies, was, figures, stored):
     """outcome_line for a single file's `table`: `stored` its copies on disk before (once after), `copies` held
     after (the vocabulary entry `was` before) by a session; what a run adds (memory.measure's `figures`) only where
@@ -135,7 +146,9 @@ def gained_line(table, copies, was, figures, stored):
     elif size:
         measured = f" (counted: {human(size)} is too small a table for resident bytes to show it)"
     fmt = None if was is None else was.get("format")
-    line = outcome_line(table, (stored, 1), (counted, copies), size, "a session", fmt, ("", measured))
+    saved = size * (counted - copies) if counted is not None else 0
+    line = outcome_line(table, (stored, 1), (counted, copies), size, "a session", fmt,
+                        (not_resident(saved, before, after), measured))
     if copies == counted and copies > 1 and fmt not in NARROW:
         line += "; the head's kernel prepacks its own copy of the codes, with or without the retie"
     return line + "\n"

@@ -32,8 +32,9 @@ def measured_again(result, staged, proven, scratch, limits, say, size=None):
     else:
         measured = memory.measure_together(parts, scratch, limits, size or staged.bytes(), DEFAULTS) if parts else {}
     _say_memory(result["across"]["vocabulary"], measured, say)
+    after = (measured.get("defaults") or {}).get("resident_bytes")
     for line in _outcomes(result, staged.root(), proven.held, place,
-                          per_file=transformersjs_root(result["folder"]) is not None):
+                          per_file=transformersjs_root(result["folder"]) is not None, after=after):
         say(line)
 
 
@@ -73,12 +74,13 @@ def _stored_after(out, names):
     return len(places)
 
 
-def _outcomes(result, out, held, place, per_file=False):
+def _outcomes(result, out, held, place, per_file=False, after=None):
     """One line per table the folder held more than once: stored and held before -> after, and the bytes saved.
     After, on disk: the files written, read back; in memory: each file's copies as its proof counted them (held:
     {file: {table: copies}}) or, for a file left as it was, as its report did; the copies one mapped range of the
     shared data file counts once, plus each file's beyond it, or, with `per_file` (each file has data of its own:
-    transformers.js's layout, each place a table is stored mapped by its own session), every file's added up."""
+    transformers.js's layout, each place a table is stored mapped by its own session), every file's added up.
+    `after`: the resident growth one process holding OUT's sessions measured (lines.not_resident)."""
     for v in result["across"]["vocabulary"]:
         was = v["in_memory"]["defaults"]["copies"]
         if not (v["copies_on_disk"] > 1 or (was or 0) > 1):
@@ -95,6 +97,8 @@ def _outcomes(result, out, held, place, per_file=False):
             counted = [n for t, n in held.get(it["file"], {}).items() if t in mine]
             reported = [e["tables_in_memory"] or 1 for e in it["info"]["vocabulary"] if e["table"] in mine]
             each.append((counted or reported or [1])[0])
-        after = sum(each) if per_file else 1 + sum(max(n - 1, 0) for n in each)
-        yield lines.outcome_line(v["table"], (v["copies_on_disk"], on_disk), (was, after), v["bytes"],
-                                 "the client's process", v.get("format"), (" (counted)", "")) + "\n"
+        now = sum(each) if per_file else 1 + sum(max(n - 1, 0) for n in each)
+        saved = max((was or 0) - now, 0) * v["bytes"]
+        resident = lines.not_resident(saved, v["in_memory"]["defaults"].get("resident_bytes"), after, " (counted)")
+        yield lines.outcome_line(v["table"], (v["copies_on_disk"], on_disk), (was, now), v["bytes"],
+                                 "the client's process", v.get("format"), (resident, "")) + "\n"
