@@ -4,6 +4,8 @@ its end with its figures (no timing asserted)."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -12,6 +14,7 @@ import pytest
 from onnx import numpy_helper
 
 from runtime.bench import real_models, scale, scale_model
+from tests.helpers import ROOT
 
 DIMS = {"vocab": 300, "width": 16, "hidden": 32}
 
@@ -140,3 +143,19 @@ def test_real_models_measures_every_command_against_a_session_that_ran(tmp_path)
     rows = real_models.markdown_table([figures])
     assert len(rows) == 2 + 5 and rows[2].startswith("| genai_fp32 (model.onnx)") and "| retie | " in rows[5]
     assert os.listdir(tmp_path) == []  # the scratch folder removed
+
+
+def test_real_models_takes_each_figures_median_on_its_own():
+    # the median wall time and the median peak of one command's runs, each on its own; a failure is not hidden
+    runs = [_figure(3.0, 10), _figure(1.0, 30), _figure(2.0, 20)]
+    assert real_models.median(runs) == _figure(2.0, 20)
+    failing = runs[:2] + [{**_figure(9.0, 5, status=1), "error": "boom"}]
+    assert real_models.median(failing) == {**_figure(3.0, 10, status=1), "error": "boom"}
+    baseline = [{**_figure(1.0, 10), "outputs": {"logits": [1, 4, 8]}}, _figure(2.0, 20)]
+    assert real_models.median(baseline)["outputs"] == {"logits": [1, 4, 8]}
+
+
+def test_scale_refuses_a_repeat_it_cannot_run(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "runtime.bench.scale", "--model", str(tmp_path), "--repeat", "0"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith("--repeat: from 1 to 99")

@@ -16,6 +16,7 @@ import json
 import os
 import shlex
 import shutil
+import statistics
 import sys
 import tempfile
 
@@ -90,28 +91,43 @@ def _session(decoder, where):
     return figures
 
 
-def measure_model(path, scratch=None):
-    """Every command's figures for one model file or folder: {model, decoder, size_bytes, interpreters, baseline,
-    inspect, static, retie, keep}. OUT goes to a scratch folder, emptied between commands and removed after."""
+def measure_model(path, scratch=None, repeat=1):
+    """Every command's figures for one model file or folder: {model, decoder, size_bytes, repeat, interpreters,
+    baseline, inspect, static, retie, keep}. With `repeat` N, the commands run N times over, in turn (each round
+    every command once, so that what drifts on the machine falls on every command alike), each figure the median
+    of its N (median). OUT goes to a scratch folder, emptied between commands and removed after."""
     where = tempfile.mkdtemp(prefix="onnx-lab-real-", dir=scratch)
     try:
         decoder = decoder_of(path)
-        figures = {"model": path, "decoder": os.path.relpath(decoder, path) if decoder != path else "",
-                   "size_bytes": size_bytes(path),
-                   "interpreters": measure(["sh", "-c", " && ".join(f"{shlex.quote(sys.executable)} -c '{imports}'"
-                                                                    for imports in INTERPRETERS)]),
-                   "baseline": _session(decoder, where)}
         inspect = [sys.executable, "-m", "runtime.inspect", path]
         out = os.path.join(where, "out" if os.path.isdir(path) else "out.onnx")
-        for name, extra in (("inspect", []), ("static", ["--static"]), ("retie", ["--retie", out]),
-                            ("keep", ["--retie", out, "--logits-to-keep", "1"])):
-            figures[name] = measure(inspect + extra)
-            for entry in os.listdir(where):
-                target = os.path.join(where, entry)
-                shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
-        return figures
+        interpreters = ["sh", "-c", " && ".join(f"{shlex.quote(sys.executable)} -c '{imports}'"
+                                                for imports in INTERPRETERS)]
+        commands = {"interpreters": lambda: measure(interpreters), "baseline": lambda: _session(decoder, where),
+                    **{name: lambda extra=extra: measure(inspect + extra) for name, extra in (
+                        ("inspect", []), ("static", ["--static"]), ("retie", ["--retie", out]),
+                        ("keep", ["--retie", out, "--logits-to-keep", "1"]))}}
+        runs = {name: [] for name in commands}
+        for _ in range(repeat):
+            for name, command in commands.items():
+                runs[name].append(command())
+                for entry in os.listdir(where):
+                    target = os.path.join(where, entry)
+                    shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
+        return {"model": path, "decoder": os.path.relpath(decoder, path) if decoder != path else "",
+                "size_bytes": size_bytes(path), "repeat": repeat, **{n: median(r) for n, r in runs.items()}}
     finally:
         shutil.rmtree(where, ignore_errors=True)
+
+
+def median(runs):
+    """One command's figures from its `runs` (measured alike, in fresh process trees): the median wall time and
+    the median peak, each taken on its own (a peak moves with where the allocations fell in the randomized
+    address space, from one process to the next, whatever the time), the first run's other fields, and the status
+    and error of the first run that failed, if any did."""
+    failed = next((r for r in runs if r["status"]), {})
+    return {**runs[0], **failed, "wall_s": statistics.median(r["wall_s"] for r in runs),
+            "peak_bytes": statistics.median(r["peak_bytes"] for r in runs)}
 
 
 def short(figures):
@@ -146,7 +162,8 @@ def lines(figures):
            f"peak {base['peak_bytes'] / gib:.2f} GiB Pss" + (f"; exit {base['status']}: {base['error']}"
                                                              if base["status"] else "")
            + (f" (shorter than inspect's two interpreters, {figures['interpreters']['wall_s']:.1f} s)" if short(figures)
-              else ""))
+              else "") + (f"; each figure the median of {figures['repeat']} runs" if figures.get("repeat", 1) > 1
+                          else ""))
     for name, f, t, p, target, met in judged(figures):
         verdict = "" if met is None else ": met" if met else ": NOT met"
         yield (f"  {LABELS.get(name, name):<24} {f['wall_s']:6.1f} s = {t:5.2f}x, peak {f['peak_bytes'] / gib:5.2f} "

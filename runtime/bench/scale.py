@@ -9,7 +9,8 @@ wall time and peak as ratios to the baseline of the same run, and the issue's ta
 are written to a scratch folder (--scratch DIR chooses where) and removed after.
 
 `--model PATH [PATH ...]` measures models you exported instead, the same way (runtime.bench.real_models), and
---markdown then writes the `scale_real` region."""
+--markdown then writes the `scale_real` region; `--repeat N` runs its commands N times over, in turn, and gives
+each figure's median."""
 import argparse
 import datetime
 import importlib.metadata
@@ -165,6 +166,8 @@ def main(argv=None):
     parser.add_argument("--scratch", metavar="DIR", help="where the models are written (default: TMPDIR)")
     parser.add_argument("--model", metavar="PATH", nargs="+", help="measure these exported models (files or the "
                         "folders a client loads) instead of generated ones: runtime.bench.real_models")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N", help="with --model: run the commands N times "
+                        "over, in turn, and give each figure's median (default 1)")
     parser.add_argument("--markdown", metavar="FILE", help="also rewrite the <!-- bench:scale --> region of FILE "
                         "(BENCHMARKS.md; <!-- bench:scale_real --> with --model) with this run's table")
     args = parser.parse_args(argv)
@@ -193,19 +196,22 @@ def _models(parser, args):
     missing = [p for p in args.model if not os.path.exists(p)]
     if missing:
         parser.error(f"--model: no such file or folder: {missing[0]}")
+    if not 1 <= args.repeat <= 99:
+        parser.error("--repeat: from 1 to 99")
     if args.markdown:
         page.region_or_exit(parser, args.markdown, "scale_real")
     started = datetime.datetime.now(datetime.timezone.utc)
     figures = []
     for path in args.model:
-        figures.append(real_models.measure_model(path, args.scratch))
+        figures.append(real_models.measure_model(path, args.scratch, args.repeat))
         for line in real_models.lines(figures[-1]):
             print(line, flush=True)
     if args.markdown:
         run = {"date": started.strftime("%Y-%m-%d %H:%M"), "cpu": page.cpu(), "cores": os.cpu_count(),
                "onnxruntime": importlib.metadata.version("onnxruntime")}
+        medians = f"*each figure the median of {args.repeat} runs, taken in turn*\n" if args.repeat > 1 else ""
         page.rewrite_region(args.markdown, "scale_real", "\n".join(real_models.markdown_table(figures)) + "\n\n"
-                            + page.stamp(run) + "\n")
+                            + medians + page.stamp(run) + "\n")
     return 0
 
 
