@@ -64,7 +64,29 @@ def lines(verdict, vocabulary, where, process, static):
                          f"{held}; wasted: {', '.join(wasted)}")
         found.append(f"  fix: {e['fix']} (writes a copy that holds it once)" if e["fix"] else
                      f"  no --retie fix: {e['why_not']}")
-    return (found or _all_well(vocabulary, process, static)) + scored(verdict, bool(where))
+    return (found or _all_well(vocabulary, process, static)) + quantized(verdict, vocabulary, bool(where)) + \
+        scored(verdict, bool(where))
+
+
+def quantized(verdict, vocabulary, folder):
+    """The lines of the verdict's quantized_copy entries: the float table its head holds again as codes, and what
+    --lookup-from-head would save and change (or why it cannot)."""
+    said = []
+    for e in (e for e in verdict if e["kind"] == "quantized_copy"):
+        v = vocabulary.get(e["table"], {})
+        size = f" ({v['vocab_size']} x {v['width']} {v['format']}, {human(v['bytes'])})" if v else ""
+        where = f" ({e['file']})" if folder else ""
+        said.append(f"{e['table']}{size}{where}: " + (f"held again as head {e['head']}'s {e['bits']}-bit codes"
+                                                      if e["quantized"] == "head" else
+                                                      f"looked up as {e['bits']}-bit codes of head {e['head']}'s values"))
+        if not e["fix"]:
+            said.append(f"  no --retie fix: {e['why_not']}")
+            continue
+        memory = "" if e["wasted_bytes_in_memory"] is None else f" and {human(e['wasted_bytes_in_memory'])} in memory"
+        said.append(f"  fix: {e['fix']} (opt-in: saves {human(e['wasted_bytes_on_disk'])} on disk{memory}; each "
+                    f"looked-up element moves to the head's, within {e['max_error_in_scales']:.2f} of its "
+                    "quantization step, and the retie measures the greedy tokens' agreement)")
+    return said
 
 
 def _not_resident(e, vocabulary):

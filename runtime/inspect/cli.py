@@ -15,7 +15,7 @@ from runtime.model.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report, variants_json, variants_report
 from runtime.inspect.retie.folder import retie_folder
 from runtime.inspect.retie.variants import retie_variants
-from runtime.inspect.retie.write import retie
+from runtime.inspect.retie.write import Asked, retie
 from runtime.inspect.sandbox import guard, isolated
 from runtime.progress import Progress
 
@@ -124,6 +124,8 @@ def _check_args(args, prog):
         raise UsageError(f"{prog}: error: --check judges the model as it is; give it without --retie")
     if args.logits_to_keep is not None and args.retie is None:
         raise UsageError(f"{prog}: error: --logits-to-keep is a rewrite --retie makes; give it with --retie OUT")
+    if args.lookup_from_head and args.retie is None:
+        raise UsageError(f"{prog}: error: --lookup-from-head is a rewrite --retie makes; give it with --retie OUT")
     if args.retie is not None:
         (_check_out_folder if os.path.isdir(args.model) else _check_out)(args.retie, args.model)
 
@@ -229,11 +231,12 @@ def _retie(analysis, args, scratch, limits, say):
     --files chooses its files, is retied variant by variant; any other folder as the files a client loads."""
     kind, found = analysis.kind, analysis.found
     isolated.prestart(scratch)  # the proof's child imports onnxruntime while OUT is written
+    asked = Asked(args.logits_to_keep, args.lookup_from_head)
     if kind == "file":
-        return retie(found["model"], found, args.retie, scratch, limits, say, args.logits_to_keep)
+        return retie(found["model"], found, args.retie, scratch, limits, say, asked)
     if kind == "folder":
-        return retie_folder(found, args.retie, scratch, limits, say, args.logits_to_keep)
-    return retie_variants(found, args.retie, scratch, limits, say, args.logits_to_keep)
+        return retie_folder(found, args.retie, scratch, limits, say, asked)
+    return retie_variants(found, args.retie, scratch, limits, say, asked)
 
 
 def _released(said, status):

@@ -132,6 +132,11 @@ def parser():
                         help="with --retie: add an int64 input num_logits_to_keep (default K, 0 or 1) whose value k "
                              "keeps the last k prompt positions before a decoder's head (0: all); K=1 for clients that "
                              "only generate, K=0 for clients that read every position")
+    found.add_argument("--lookup-from-head", action="store_true",
+                        help="with --retie: where a MatMulNBits head holds a float lookup table's values as 4- or "
+                             "8-bit block codes, the lookup reads those codes (GatherBlockQuantized) and the float "
+                             "table goes; opt-in: each looked-up row becomes the head's dequantization of it, proven "
+                             "bit for bit, and the greedy tokens' agreement with the original is measured and said")
     found.add_argument("--timeout", type=positive, metavar="S",
                         help="wall-clock seconds the whole command may take, onnxruntime's steps included; past them "
                              f"it stops with one line and writes nothing (default {isolated.TIMEOUT:g}, and "

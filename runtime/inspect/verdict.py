@@ -2,10 +2,12 @@
 tie config.json contradicts, with the bytes it wastes and the command that repairs it (or why none can)."""
 from runtime.model.findings.counting import COPIES, stored_copies
 from runtime.inspect.retie import keep
-from runtime.inspect.retie.rules import remedy
+from runtime.model.findings.headcodes import FLAG
+from runtime.inspect.retie.rules import WHY_NOT_PACKED, remedy
 
 FAILING = ("held_more_than_once", "stored_more_than_once", "wrong_tie", "lost_tie")  # the kinds --check fails on
-# and one it does not: all_positions_scored (a decoder's head scores every prompt position; informational)
+# and two it does not (informational): all_positions_scored (a decoder's head scores every prompt position) and
+# quantized_copy (a float table a quantized head holds again as its codes: --lookup-from-head, opt-in)
 
 RETIE = "--retie OUT"  # the fix, as a user types it
 
@@ -30,8 +32,6 @@ def _entry(kind, vocabulary, file, counted, remedy):
 
 _PACKED = ("packed_shared", "packed_duplicate")  # remedy()'s int4 forms: MatMulNBits packs the codes at load anyway
 
-WHY_NOT_PACKED = ("MatMulNBits prepacks its own copy of the int4 codes at load, whatever the file holds: no rewrite "
-                  "of the file removes it")
 
 
 def why_not_widened(fmt):
@@ -90,7 +90,7 @@ def file_verdict(info, file=None):
         fix, why = (_remedies(mine, kind, widened) if mine else
                     (None, "no head reads it: the copies are onnxruntime's own"))
         found.append(_entry(kind, v, file, (on_disk, held, wasted), (fix, why)))
-    return found + _prefill(info, file)
+    return found + quantized_copies(info, file) + _prefill(info, file)
 
 
 def folder_verdict(result):
@@ -118,7 +118,33 @@ def folder_verdict(result):
                                      for it, e, _ in v["members"]) else None
         fix, why = _remedies(pairs, kind, widened) if pairs and len(files) == 1 else (RETIE, None)
         found.append(_entry(kind, v, v["file"], (v["copies_on_disk"], held, v["wasted_bytes"]), (fix, why)))
-    return found + [e for it in result["items"] for e in _prefill(it["info"], it["file"])]
+    return found + [e for it in result["items"] for e in quantized_copies(it["info"], it["file"]) +
+                    _prefill(it["info"], it["file"])]
+
+
+LOOKUP_FROM_HEAD = f"{RETIE} {FLAG}"
+
+
+def quantized_copies(info, file):
+    """The `quantized_copy` entries (informational) of a file: a float table whose values a quantized head holds
+    as its codes (relations' head_lookup), with what --lookup-from-head would save (the float table on disk, and
+    each copy of it a session holds), or why it cannot; `bits` and `max_error_in_scales` say what the rows would
+    become (each element within that many of its quantization steps), `quantized` which side holds the codes."""
+    vocabulary = {v["table"]: v for v in info["vocabulary"]}
+    found = []
+    for p in info["pairs"]:
+        answer, v = p.get("head_lookup"), vocabulary.get(p["table"])
+        if answer is None or v is None:
+            continue
+        held = v["tables_in_memory"]
+        entry = _entry("quantized_copy", v, file, (2, None, v["bytes"]),
+                       (LOOKUP_FROM_HEAD, answer.why_not))
+        quant = p["head_entry"].get("quant") or p["table_entry"].get("quant")
+        entry.update(wasted_bytes_in_memory=None if held is None else held * v["bytes"], head=p["head"],
+                     quantized="head" if p["head_entry"].get("quant") else "table", bits=quant.bits,
+                     max_error_in_scales=p["max_error_in_scales"])
+        found.append(entry)
+    return found
 
 
 def _prefill(info, file):

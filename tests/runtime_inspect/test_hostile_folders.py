@@ -268,7 +268,7 @@ def test_with_json_a_retie_that_fails_leaves_only_its_error_on_stderr(tmp_path, 
     from runtime.inspect import cli
     from runtime.inspect.analysis import Analysis
 
-    def says_then_fails(result, out, scratch, limits, say, logits_to_keep=None):
+    def says_then_fails(result, out, scratch, limits, say, asked=None):
         say("retie: a.onnx: planned\n")
         raise InspectError("no space for OUT")
     monkeypatch.setattr(cli, "retie_folder", says_then_fails)

@@ -116,7 +116,7 @@ def test_nothing_is_run_ahead_without_a_retie_to_come(tmp_path):
 def test_the_proof_opens_no_session_of_the_original_where_its_outputs_were_given_ahead(tmp_path, monkeypatch, ahead):
     path, info, _, _ = _ahead(tmp_path)
     model = info["model"]
-    rewritten, sources = planned(model, info, lambda line: None)
+    rewritten, sources, _ = planned(model, info, lambda line: None)
     staged = stage(model.proto, tmp_path / "out.onnx", sources=sources)
     job = json.loads(json.dumps(jobs.prove(jobs.Proof(  # as the child gets it
         path, model.checked, staged.path, rewritten, info["rows"], info["shape"],

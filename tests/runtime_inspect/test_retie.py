@@ -471,8 +471,8 @@ def tampered(monkeypatch, change):
     """Make retie's rewrite also apply `change(graph)` to the model it then proves."""
     real = rewrite.rewrite
 
-    def rewritten(model, pairs):
-        answer = real(model, pairs)
+    def rewritten(model, pairs, *flags):
+        answer = real(model, pairs, *flags)
         change(model.proto.graph)
         return answer
     monkeypatch.setattr(rewrite, "rewrite", rewritten)

@@ -207,7 +207,8 @@ def test_a_half_precision_head_just_past_its_bound_fails_and_just_within_passes(
 def test_q4f16_holds_a_float16_table_and_4_bit_head_codes_a_quantized_copy_left_and_said(tmp_path):
     """make_q4f16_fixture.py (MatMulNBits quantizer, then the float16 converter): the head is MatMulNBits on 4-bit
     codes of the table with float16 scales, each value within a scale step of the float16 table's; neither
-    can read the other's without changing the logits, so --retie leaves them and says why in one line."""
+    can read the other's without changing the logits, so --retie leaves them and says in one line that
+    --lookup-from-head (opt-in) would make the lookup read the head's codes."""
     path = os.path.join(FIXTURES, "ortquant_q4f16", "model.onnx")
     model = onnx.load(path)
     weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
@@ -228,9 +229,9 @@ def test_q4f16_holds_a_float16_table_and_4_bit_head_codes_a_quantized_copy_left_
     done = run_inspect(path, "--retie", tmp_path / "out.onnx")
     lines = unwrapped(done.stdout)
     assert done.returncode == 0 and not os.listdir(tmp_path)
-    assert f"retie: transformer.wte.weight / {head.input[1]} (quantized_copy): a quantized copy, not a tie: its " \
-           "values differ from the table's by rounding, so neither can read the other's without changing the " \
-           "outputs" in lines
+    assert f"retie: transformer.wte.weight / {head.input[1]} (quantized_copy): a quantized copy: --lookup-from-head " \
+           "makes the lookup read the head's codes (opt-in: the looked-up rows then change by up to a quantization " \
+           "step)" in lines
 
 
 def test_a_float16_model_the_cpu_provider_fails_inside_its_own_cast_is_refused_for_that_reason():

@@ -127,7 +127,7 @@ def test_the_proof_opens_one_session_a_model_for_every_feed_set(tmp_path, monkey
     scratch.mkdir()
     found = inspect_model(path, str(scratch))
     model = found["model"]
-    rewritten, sources = planned(model, found, lambda line: None)
+    rewritten, sources, _ = planned(model, found, lambda line: None)
     staged = stage(model.proto, tmp_path / "out.onnx", sources=sources)
     job = json.loads(json.dumps(jobs.prove(  # as the child gets it
         jobs.Proof(path, model.checked, staged.path, rewritten, found["rows"], found["shape"]), str(scratch))))

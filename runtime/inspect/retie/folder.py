@@ -18,7 +18,7 @@ from runtime.inspect.retie.edits import external_sources
 from runtime.inspect.retie.rewrite import borrow
 from runtime.inspect.retie import lines, outcomes, transformersjs
 from runtime.inspect.retie import keep as keeps
-from runtime.inspect.retie.write import Plan, planned_keeping, proven_at, proven_in_place
+from runtime.inspect.retie.write import Asked, Plan, planned_keeping, proven_at, proven_in_place
 
 DATA = "model.data"  # the one data file OUT's models share
 
@@ -41,11 +41,12 @@ class Proven(NamedTuple):
     figures: dict | None
 
 
-def retie_folder(result, out, scratch, limits, say, logits_to_keep=None):
+def retie_folder(result, out, scratch, limits, say, asked=Asked()):
     """Retie the folder `result` describes (folder.inspect_folder) into the new folder `out`; the exit status: 0
-    written (or nothing to do), 1 a file's proof failed (nothing written). `logits_to_keep`: --logits-to-keep's K,
-    for each file whose head scores every prompt position (retie.keep)."""
-    files = planned_files(result, say, logits_to_keep)
+    written (or nothing to do), 1 a file's proof failed (nothing written). `asked`: write.Asked's --logits-to-keep
+    (for each file whose head scores every prompt position: retie.keep) and --lookup-from-head."""
+    logits_to_keep = asked.logits_to_keep
+    files = planned_files(result, say, logits_to_keep, asked.lookup_from_head)
     tjs = transformersjs_root(result["folder"])  # (root, where its files lie) of a transformers.js folder, or None
     merges = not tjs and any(p["relation"] == "duplicate" for p in result["across"]["pairs"])  # one data file merges
     if not any(f.plan for f in files) and not merges:
@@ -125,7 +126,7 @@ class StagedOut:
             self.staged = None
 
 
-def planned_files(result, say, logits_to_keep):
+def planned_files(result, say, logits_to_keep, lookup_from_head=False):
     """[File] of every file of `result`, in its order: each rewritten as retie.rewrite and retie.keep plan (its
     proto changed), a head reading another file's table pointed at it (borrow), or left as it is."""
     files, place = [], outcomes.placed(result)
@@ -134,11 +135,12 @@ def planned_files(result, say, logits_to_keep):
     for item in result["items"]:
         model, name = item["model"], item["file"]
         said = lambda line, name=name: say(line.replace("retie: ", f"retie: {name}: ", 1))
-        rewritten, sources, keep = planned_keeping(model, item["info"], said,
-                                                   logits_to_keep if name in keeping else None)
+        rewritten, sources, keep, looked_up = planned_keeping(model, item["info"], said,
+                                                              logits_to_keep if name in keeping else None,
+                                                              lookup_from_head)
         for head, owner, table in borrowed.get(name, []):
             rewritten.append(borrow(model, sources, head, owner["model"], table))
-        plan = Plan(model, item["info"], rewritten, sources, keep) if rewritten or keep else None
+        plan = Plan(model, item["info"], rewritten, sources, keep, looked_up) if rewritten or keep else None
         # as it is: its external tensors read from their files as they are written
         files.append(File(place[name], item, plan, sources if plan else external_sources(model), fed[name]))
     return files
@@ -154,7 +156,7 @@ def proven_files(files, staged, scratch, limits, say, logits_to_keep=None):
     for i, f in enumerate(files):
         if f.plan is None:
             continue
-        name, (model, info, rewritten, _, keep) = f.item["file"], f.plan
+        name, (model, info, rewritten, _, keep, looked_up) = f.item["file"], f.plan
         said = lambda line, name=name: say(line.replace("retie: ", f"retie: {name}: ", 1))
         where = os.path.join(scratch, f"retie{i}")
         os.mkdir(where)
@@ -170,7 +172,10 @@ def proven_files(files, staged, scratch, limits, say, logits_to_keep=None):
             say(lines.failure_line(failures[0], f"{name}: "))
             return None
         if rewritten:
-            say(lines.rewritten_line(rewritten, model, info["shape"], f"{name}: ", f.fed, weights))
+            say(lines.rewritten_line(rewritten, model, info["shape"], f"{name}: ", f.fed, weights, bool(looked_up)))
+        if looked_up:
+            for line in lines.lookup_lines(looked_up, info, where=f"{name}: "):
+                say(line)
         if keep:
             say(lines.kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(r.hidden for r in rewritten)))
     return Proven(held, figures)

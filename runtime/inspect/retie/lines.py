@@ -50,10 +50,11 @@ def kept_line(keep, default, shape, where="", retied=False):
             "and every other output bit for bit\n")
 
 
-def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):
+def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None, replaced=False):
     """The line that says what a proven retie of `model` rewrote and on which feeds (feeds.plan's `shape`; `fed`:
     the inputs another file made, retie_folder.upstream; `weights`: branches.in_place's, the shared weights read in
-    place); `where`: the file's name and ': ', in a folder."""
+    place; `replaced`: --lookup-from-head changed looked-up rows, the original then run on the head's rows);
+    `where`: the file's name and ': ', in a folder."""
     kept = ", ".join(sorted({r.now for r in rewritten}))
     heads = sum(r.hidden is not None for r in rewritten)
     lookups = len(rewritten) - heads
@@ -68,7 +69,35 @@ def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None):
     feeds = describe(shape) + (", both branches of use_cache_branch" if merged else "") + "".join(
         f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
     return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "
-            f"{_heads_said(getattr(weights, 'heads', None))}, every other output {_others(weights)}\n")
+            f"{_heads_said(getattr(weights, 'heads', None))}, every other output {_others(weights)}"
+            f"{LOOKED_UP_SAME if replaced else ''}\n")
+
+
+LOOKED_UP_SAME = " against the original looking up the head's rows"  # --lookup-from-head's proof
+
+
+def lookup_lines(looked_up, found, measured=None, where=""):
+    """[line]: the lines that say what --lookup-from-head did (write.Plan's `looked_up`, its proof's record): each float
+    table gone, its rows now the head's (checked for every id) and how far they moved; the greedy tokens' agreement
+    with the original and the first step's largest logit change; the resident growth of a run before -> after where
+    `measured` ({"defaults": figures}) says it."""
+    said, greedy = [], looked_up["record"]["greedy"]
+    vocabulary = {v["table"]: v for v in found["vocabulary"]}
+    for lookup in looked_up["lookups"]:
+        v, change = vocabulary[lookup.table], looked_up["changes"][lookup.table]
+        before = v["in_memory"]["defaults"].get("resident_bytes")
+        after = ((measured or {}).get("defaults") or {}).get("resident_bytes")
+        grew = (f"; one run adds {human(after)} resident, was {human(before)}"
+                if None not in (before, after) and v["bytes"] >= counting.RESOLUTION else "")
+        said.append(f"retie: {where}{lookup.table} ({v['format']}, {human(v['bytes'])}) is gone: the lookup reads "
+                    f"{lookup.codes}, each of its {v['vocab_size']} rows the head's dequantization bit for bit (every "
+                    f"id checked); a row's element moved by up to {change['max_row_change']:.3g} "
+                    f"({change['max_row_change_in_steps']:.2f} of its quantization step){grew}\n")
+    said.append(f"retie: {where}the rows changed, so the model's choices may: greedy, {greedy['agreed']} of "
+                f"{greedy['tokens']} tokens agree with the original's before they first differ ({greedy['prompts']} "
+                f"prompts of fixed ids; the first token on {greedy['same_first']} of {greedy['prompts']}); the first "
+                f"step's logits moved by up to {greedy['max_logit_change']:.3g}\n")
+    return said
 
 
 def _heads_said(found):

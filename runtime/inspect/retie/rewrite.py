@@ -5,28 +5,36 @@ from runtime.model.findings.relations import stored_as_table
 from runtime.model.graph.quantized import attribute
 from runtime.model.graph.walk import lookup_ids
 from runtime.model.read.text import InspectError
+from runtime.inspect.retie import headlookup
 from runtime.inspect.retie.edits import const, drop_dead, external_sources, shell, unique_name, view_of
 from runtime.inspect.retie.packed import gather_head_codes, gather_packed_in_place
 from runtime.inspect.retie.rules import remedy
 from runtime.inspect.sandbox.jobs import Rewritten
 
 
-def rewrite(model, pairs):
+def rewrite(model, pairs, lookup_from_head=False):
     """Rewrite `model.proto` in place as remedy() says for each pair, so that each table and its head read one
     tensor stored [vocab, width] in a form onnxruntime keeps as one: a duplicated head, a head that prepacks the
     table it shares, or one reading it through a Transpose (which onnxruntime folds into a copy), becomes
     Gemm(transB=1) on the table's run-time view (a OneHot product's lookup reads that view too), and a table
-    stored [width, vocab] (onnxruntime-genai's shared embeddings) is stored once the other way round.
+    stored [width, vocab] (onnxruntime-genai's shared embeddings) is stored once the other way round; with
+    `lookup_from_head`, a float table's Gather reads its MatMulNBits head's codes (retie.headlookup).
     Returns ([sandbox.jobs.Rewritten], {name: array} of the data of every external or new initializer, views on the model's files that
     graphs.save writes in chunks: no table is loaded whole; external Constant values and subgraph initializers are
     read into the model, edits.inline_nested)."""
     graph = model.proto.graph
-    rewritten, done = [], set()
+    rewritten, done, lookups = [], set(), []
     sources = external_sources(model)
     for p in pairs:
         table, head = p["table_entry"], p["head_entry"]
-        how, _ = remedy(p)
-        if how == "packed_shared" and id(table["node"]) not in done:
+        how, _ = remedy(p, lookup_from_head)
+        if how == "lookup_from_head" and id(table["node"]) not in done:
+            done.add(id(table["node"]))
+            found = headlookup.lookup_from_head(graph, model, table, head, sources)
+            if found:
+                lookups.append(found)
+                rewritten.append(Rewritten(None, None, table["initializer"], found.transposed, head["initializer"]))
+        elif how == "packed_shared" and id(table["node"]) not in done:
             done.add(id(table["node"]))
             if gather_packed_in_place(graph, model, table):
                 rewritten.append(Rewritten(None, None, table["initializer"], False, table["initializer"]))
@@ -52,7 +60,7 @@ def rewrite(model, pairs):
                                        table["initializer"], flipped, name))
     drop_dead(graph)
     kept = {t.name for t in graph.initializer}
-    return rewritten, {name: array for name, array in sources.items() if name in kept}
+    return rewritten, {name: array for name, array in sources.items() if name in kept}, lookups
 
 
 def cast_to(head):
@@ -123,15 +131,15 @@ def borrow(model, sources, head, owner, table):
     return Rewritten(*entry, head["initializer"], not stored_as_table(head), name)
 
 
-def planned(model, found, say):
-    """Rewrite `model` as remedy() says (rewrite()) and say each tie left as it is: (rewritten, sources); an
-    InspectError for an opset the rewrite cannot use."""
+def planned(model, found, say, lookup_from_head=False):
+    """Rewrite `model` as remedy() says (rewrite()) and say each tie left as it is: (rewritten, sources, lookups:
+    [headlookup.Lookup]); an InspectError for an opset the rewrite cannot use."""
     if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
         raise InspectError(f"{model.path}: opset below 13; --retie rewrites with opset-13 Slice and Reshape")
     casts = {p["head"]: cast_to(p["head_entry"]) for p in found["pairs"] if remedy(p)[0] == "view"}
-    rewritten, sources = rewrite(model, found["pairs"])
+    rewritten, sources, lookups = rewrite(model, found["pairs"], lookup_from_head)
     for p in found["pairs"]:
-        how, why = remedy(p)
+        how, why = remedy(p, lookup_from_head)
         if how is None and why is not None:
             say(f"retie: {p['table']} / {p['head']} ({p['relation']}): {why}\n")
     for head, cast in casts.items():
@@ -139,4 +147,4 @@ def planned(model, found, say):
             say(f"retie: {head}: its head multiplied a Cast of it to {helper.tensor_dtype_to_np_dtype(cast)}, folded "
                 "into a second table at load; that Cast of the one table now runs at each call (a table of that "
                 "type for the call)\n")
-    return rewritten, sources
+    return rewritten, sources, lookups

@@ -1,15 +1,21 @@
 """What --retie does with each table/head pair, decided here and nowhere else."""
-from runtime.inspect.retie.packed import packed_duplicate, packed_shared
+from runtime.model.findings.headcodes import FLAG
+from runtime.inspect.retie.packed import packed_duplicate, packed_in_place, packed_shared
 
 FLOATS = ("float32", "float16", "bfloat16")  # the tables a head reads through the view (float16 / bfloat16: in
 # their own format, or through the Cast the head read them by, rewrite.cast_to)
 
 
-def remedy(pair):
+WHY_NOT_PACKED = ("MatMulNBits prepacks its own copy of the int4 codes at load, whatever the file holds: no rewrite "
+                  "of the file removes it")
+
+
+def remedy(pair, lookup_from_head=False):
     """What --retie does with a table/head pair, decided here and nowhere else: (how, why). `how` is "packed_shared",
     "packed_duplicate" or "view" (the head, and a OneHot product's lookup, read the one table through graphs.tie's
     run-time view; a head becomes a Gemm(transB=1) on it; a float32, float16 or bfloat16 table and head of one
-    format), or None when the pair is left as it is; `why` then says
+    format), "lookup_from_head" (with that flag: the float lookup reads the quantized head's codes, retie.headlookup),
+    or None when the pair is left as it is; `why` then says
     why in one line where the pair holds one table's values twice (None where there is nothing to say)."""
     table, head, relation = pair["table_entry"], pair["head_entry"], pair["relation"]
     if relation == "distinct":
@@ -19,8 +25,16 @@ def remedy(pair):
         return None, (f"read inside a Loop or Scan body ({inside[0]}): found and counted, but --retie rewrites the "
                       "main graph and If branches only")
     if relation == "quantized_copy":
+        found = pair.get("head_lookup")
+        if found is not None and found.possible:
+            if lookup_from_head:
+                return "lookup_from_head", None
+            return None, (f"a quantized copy: {FLAG} makes the lookup read the head's codes (opt-in: the looked-up "
+                          "rows then change by up to a quantization step)")
         return None, ("a quantized copy, not a tie: its values differ from the table's by rounding, so neither can "
-                      "read the other's without changing the outputs")
+                      "read the other's without changing the outputs" + (f" ({FLAG}: {found.why_not})" if found else ""))
+    if packed_in_place(pair):
+        return None, WHY_NOT_PACKED
     if (packed_shared(pair) or packed_duplicate(pair)) and inside:
         return None, f"an int4 tie inside an If branch ({inside[0]}): found and counted, not rewritten there yet"
     if packed_shared(pair):

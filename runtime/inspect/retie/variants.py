@@ -15,19 +15,21 @@ from runtime.inspect.retie import keep as keeps
 from runtime.inspect.retie import transformersjs
 from runtime.inspect.retie import lines, outcomes
 from runtime.inspect.retie.folder import StagedOut, planned_files, proven_files
+from runtime.inspect.retie.write import Asked
 
 
-def retie_variants(found, out, scratch, limits, say, logits_to_keep=None):
+def retie_variants(found, out, scratch, limits, say, asked=Asked()):
     """Retie every variant of `found` (analysis.analyse's, each variant's result with its `verdict`)
     into the new folder `out`; the exit status: 0 written (or nothing to do), 1 a variant's proof failed (nothing
-    written). `logits_to_keep`: --logits-to-keep's K, for each variant with a file whose head scores every prompt
-    position; InspectError where none has. Every variant is planned, OUT staged beside its name, each rewritten
+    written). `asked`: write.Asked's --logits-to-keep (for each variant with a file whose head scores every prompt
+    position; InspectError where none has) and --lookup-from-head. Every variant is planned, OUT staged beside its name, each rewritten
     file proven there, and OUT renamed into place last."""
+    logits_to_keep = asked.logits_to_keep
     keeping = _keeping(found, logits_to_keep, say)
     planned = []
     for f in found:
         said = lambda line, dtype=f["dtype"]: say(line.replace("retie: ", f"retie: {dtype}: ", 1))
-        files = planned_files(f["result"], said, keeping[f["dtype"]])
+        files = planned_files(f["result"], said, keeping[f["dtype"]], asked.lookup_from_head)
         planned.append({"found": f, "files": files, "changed": any(x.plan for x in files), "said": said})
     if not any(p["changed"] for p in planned):
         say("retie: nothing to do: no variant holds a table twice in a form --retie rewrites (any left is named "

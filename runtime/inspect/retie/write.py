@@ -11,21 +11,31 @@ from runtime.model.findings.vocabulary import copy_key
 from runtime.model.read import sidecars
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
-from runtime.inspect.retie import branches, lines
+from runtime.inspect.retie import branches, headlookup, lines
 from runtime.inspect.retie.keep import keep_last
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import folding, isolated, jobs, memory
 from runtime.resident import OWNED_MOST, copies_held, prepacked_copies
 
 
+class Asked(NamedTuple):
+    """What --retie is asked to rewrite besides duplicated tables: --logits-to-keep's K (or None) and
+    --lookup-from-head."""
+    logits_to_keep: int | None = None
+    lookup_from_head: bool = False
+
+
 class Plan(NamedTuple):
     """What one file's retie is to prove: the checked Model (its proto rewritten), inspect's findings of it (`found`),
-    rewrite.planned's `rewritten` and `sources`, and retie.keep.keep_last's `keep` (or None)."""
+    rewrite.planned's `rewritten` and `sources`, retie.keep.keep_last's `keep` (or None), and `looked_up`:
+    {"lookups": rewrite.planned's [headlookup.Lookup]} where --lookup-from-head rewrote any (its proof adds
+    "record": lookup_proof's), else None."""
     model: object
     found: dict
     rewritten: list
     sources: dict
     keep: dict | None = None
+    looked_up: dict | None = None
 
 
 def proven(plan, folder, limits, upstream=(), in_place=None, out=None):
@@ -53,8 +63,9 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
     retie is known). `upstream`: the inputs other files of a folder make (proof._fed_from); `in_place`: the weights
     retie.branches read in place (branches.Shared, its drift set from the proof), so the original is run with
     prepacking off and no session may prepack them; the plan's `keep` gets the proof's {"exact"} as its `kept`."""
-    model, found, rewritten, _, keep = plan
+    model, found, rewritten, _, keep, looked_up = plan
     optimized = os.path.join(folder, "retied.optimized.onnx")
+    replaced = looked_up and head_rows_of(plan, folder)
     finals = sorted({r.now for r in rewritten})
     # a table stored anew ("<table>_rows", not among the original's tensors) holds the table's elements
     sizes = copy_sizes(model, [{"initializer": r.now if r.now in model.tensors else r.table} for r in rewritten])
@@ -63,7 +74,7 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
         os.path.abspath(model.path), model.checked, staged, [r._replace(hidden=renamed.get(r.hidden, r.hidden))
                                                              for r in rewritten],
         found["rows"], found["shape"], list(upstream), bool(in_place), optimized, sizes, measure,
-        keep and {k: keep[k] for k in ("input", "outputs", "heads")}, found.get("originals")), folder)
+        keep and {k: keep[k] for k in ("input", "outputs", "heads")}, found.get("originals"), replaced), folder)
     try:  # the proof's session of the retied model writes its optimized model's layout: no load of its own
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
@@ -80,6 +91,8 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
             os.remove(optimized)
             isolated.call(jobs.optimize({"model": staged}, optimized, folder),
                           "optimizing the retied model", limits, model.file_bytes)
+        if looked_up and not failures:
+            failures += lookup_proof(plan, staged, replaced, folder, limits)
     except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
         return {}, [f"failed, nothing written: {e}"], None
     retied, retied_optimized = load(staged), folding.read_optimized(optimized, folder, answer)
@@ -88,9 +101,20 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
     packed = sorted({p["initializer"] for p in prepacked} & set(in_place.sizes if in_place else ()))
     if packed:
         failures.append(f"onnxruntime still prepacks {packed[0]}, a weight read in place")
-    before = {v["table"]: v["tables_in_memory"] for v in found["vocabulary"]}
+    held = _held(plan, retied, retied_optimized, (copies, prepacked), failures)
+    figures = answer.get("measured")  # writing the layout held what they would count: measured again
+    return held, failures, figures if figures and answer["owned_bytes"] <= OWNED_MOST else None
+
+
+def _held(plan, retied, retied_optimized, copies, failures):
+    """{table now: the copies a session of the retied model holds under the defaults} (`copies`: runtime_copies'
+    and prepacked_copies' of its optimized model), a failure added where onnxruntime still copies a table, or a
+    session holds more copies than it should: one of a float32 table, as many as before of another, and of head
+    codes --lookup-from-head's lookup now reads, one and the head kernel's prepacked ones (as before)."""
+    (copies, prepacked), looked_up = copies, plan.looked_up
+    before = {v["table"]: v["tables_in_memory"] for v in plan.found["vocabulary"]}
     held = {}
-    for table, original in {r.now: r.table for r in rewritten}.items():
+    for table, original in {r.now: r.table for r in plan.rewritten}.items():
         mine = [c for c in copies if c.get("copy_of") == table and c["bytes"] >= retied.tensors[table].nbytes]
         # the CPU provider's float32 widening of a float16 / bfloat16 head's weight is held, and counted, but no
         # rewrite that keeps the table in its format removes it (verdict.why_not_widened)
@@ -100,11 +124,49 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
             failures.append(f"onnxruntime still copies {table} at run time: {extra}")
         held[table] = copies_held([table] + extra + widened, retied_optimized.proto, prepacked, prepacking=True)
         float_table = retied.tensors[table].data_type == TensorProto.FLOAT
-        if held[table] > (1 if float_table else before.get(original, 1)):
+        codes = looked_up and any(k.codes == table for k in looked_up["lookups"])
+        most = 1 + packs(table, prepacked) if codes else 1 if float_table else before.get(original, 1)
+        if held[table] > most:
             failures.append(f"under onnxruntime's default SessionOptions a session would hold {held[table]} copies "
                             f"of {table}")
-    figures = answer.get("measured")  # writing the layout held what they would count: measured again
-    return held, failures, figures if figures and answer["owned_bytes"] <= OWNED_MOST else None
+    return held
+
+
+def packs(name, prepacked):
+    """How many prepacked copies of initializer `name` a kernel holds (resident.prepacked_copies' list)."""
+    return sum(p["initializer"] == name for p in prepacked)
+
+
+def head_rows_of(plan, folder):
+    """{float table: {"rows", "transposed"}}: each --lookup-from-head lookup's table as the head dequantizes it,
+    written to `folder` as .npy (headlookup.head_rows), its change from the table kept in plan.looked_up["changes"]."""
+    entries = {(p["table"], p["head"]): p for p in plan.found["pairs"]}
+    replaced, changes = {}, {}
+    for i, lookup in enumerate(plan.looked_up["lookups"]):
+        pair = entries[lookup.table, lookup.codes]
+        path = os.path.join(folder, f"head_rows_{i}.npy")
+        changes[lookup.table] = headlookup.head_rows(plan.model, pair["head_entry"], pair["table_entry"], path)
+        replaced[lookup.table] = {"rows": path, "transposed": lookup.transposed}
+    plan.looked_up["changes"] = changes
+    return replaced
+
+
+def lookup_proof(plan, staged, replaced, folder, limits):
+    """Check every id's row of the staged retied model against the head's rows and measure greedy agreement with
+    the original (sandbox.headrows, isolated); the record in plan.looked_up["record"]; failures (one line each)."""
+    found, lookups = plan.found, plan.looked_up["lookups"]
+    entries = {(p["table"], p["head"]): p for p in found["pairs"]}
+    first = entries[lookups[0].table, lookups[0].codes]
+    vocab = first["table_entry"]["vocab"]
+    job = jobs.head_lookup(plan.model.checked, staged, [{"output": k.output, "table": k.table,
+                                                         "rows": replaced[k.table]["rows"]} for k in lookups],
+                           {"rows": found["rows"], "shape": found["shape"]},
+                           first["head_entry"].get("scores") or "logits", vocab, folder)
+    limits.progress("checking every looked-up row and running both models greedily")
+    record = isolated.call(job, "checking the lookup from the head", limits, plan.model.file_bytes)
+    plan.looked_up["record"] = record
+    return [f"{r['table']}: the looked-up row of id {r['first_different']} is not the head's dequantization of it"
+            for r in record["rows"] if not r["rows_equal_head"]]
 
 
 def proven_in_place(plan, folder, say, prove):
@@ -127,14 +189,15 @@ def proven_in_place(plan, folder, say, prove):
     return staged, held, failures, weights, measured
 
 
-def retie(model, found, out_path, folder, limits, say, logits_to_keep=None):
-    """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven.
-    `logits_to_keep`: --logits-to-keep's K (retie.keep), or None."""
-    rewritten, sources, keep = planned_keeping(model, found, say, logits_to_keep)
+def retie(model, found, out_path, folder, limits, say, asked=Asked()):
+    """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven. `asked`: the
+    rewrites asked for besides ties (--logits-to-keep, retie.keep; --lookup-from-head, retie.headlookup)."""
+    logits_to_keep = asked.logits_to_keep
+    rewritten, sources, keep, looked_up = planned_keeping(model, found, say, logits_to_keep, asked.lookup_from_head)
     if not rewritten and not keep:
         say(lines.NOTHING)
         return 0
-    plan = Plan(model, found, rewritten, sources, keep)
+    plan = Plan(model, found, rewritten, sources, keep, looked_up)
     staged, held, failures, weights, measured = proven_in_place(
         plan, folder, say, lambda in_place, where: proven(plan, where, limits, (), in_place, out_path))
     try:
@@ -153,11 +216,15 @@ def retie(model, found, out_path, folder, limits, say, logits_to_keep=None):
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     size = sum(os.path.getsize(p) for p in written)
     if rewritten:
-        say(lines.rewritten_line(rewritten, model, found["shape"], weights=weights))
+        say(lines.rewritten_line(rewritten, model, found["shape"], weights=weights, replaced=bool(looked_up)))
+    if looked_up:
+        for line in lines.lookup_lines(looked_up, found, measured):
+            say(line)
     if keep:
         say(lines.kept_line(keep, logits_to_keep, found["shape"], retied=any(r.hidden for r in rewritten)))
     was = {v["table"]: v for v in found["vocabulary"]}
-    for table, original in {r.now: r.table for r in rewritten}.items():
+    for table, original in {r.now: r.table for r in rewritten if r.table not in (looked_up or {}).get(
+            "changes", {})}.items():
         say(lines.gained_line(table, held[table], was.get(original), measured.get("defaults"),
                               stored_copies(found["pairs"], original)[0]))
     say(lines.wrote_line(out_path, model.file_bytes, size))
@@ -166,11 +233,12 @@ def retie(model, found, out_path, folder, limits, say, logits_to_keep=None):
     return 0
 
 
-def planned_keeping(model, found, say, logits_to_keep):
+def planned_keeping(model, found, say, logits_to_keep, lookup_from_head=False):
     """planned(), after retie.keep.keep_last where `logits_to_keep` is given: (rewritten, sources, keep_last's or
-    None). A head's hidden input is then the Slice's output; the proof reads it by the original's name."""
+    None, Plan's looked_up or None). A head's hidden input is then the Slice's output; the proof reads it by the
+    original's name."""
     keep = None if logits_to_keep is None else keep_last(model, found, logits_to_keep)
-    rewritten, sources = planned(model, found, say)
-    return rewritten, sources, keep
+    rewritten, sources, lookups = planned(model, found, say, lookup_from_head)
+    return rewritten, sources, keep, {"lookups": lookups} if lookups else None
 
 

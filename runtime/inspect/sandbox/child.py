@@ -256,8 +256,14 @@ def _prefill(job):
     return timing.run(job, model, folder, proto)
 
 
+def _head_lookup(job):
+    """--lookup-from-head's rows checked for every id and its greedy tokens (runtime.inspect.sandbox.headrows)."""
+    from runtime.inspect.sandbox import headrows
+    return headrows.check(job)
+
+
 _JOBS = {"optimize": _optimize, "measure": _measure, "measure_together": _measure_together, "prove": _prove,
-         "prefill": _prefill}
+         "prefill": _prefill, "head_lookup": _head_lookup}
 
 
 def main(path):

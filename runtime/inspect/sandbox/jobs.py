@@ -79,7 +79,8 @@ class Proof(NamedTuple):
     `in_place` (weights read in place: the original is run with prepacking off), `layout` (where the retied
     model's session writes its optimized model's layout) with `sizes`, `measure` (measure that session), `keep`
     ({"input", "outputs", "heads": {output: KeptHead}} or None), and `originals`: the original's outputs on the
-    proof's feeds as inspect's child saved them ahead (sandbox.originals.save's), or None."""
+    proof's feeds as inspect's child saved them ahead (sandbox.originals.save's), or None; `replaced`: {float
+    table: {"rows", "transposed"}} the original reads the head's rows instead of (--lookup-from-head), or None."""
     before: str
     checked: dict
     after: str
@@ -93,6 +94,16 @@ class Proof(NamedTuple):
     measure: bool = False
     keep: dict | None = None
     originals: dict | None = None
+    replaced: dict | None = None
+
+
+def head_lookup(checked, after, lookups, feeds, logits, vocab, folder):
+    """Check the lookups --lookup-from-head rewrote in the retied model `after` ({"output", "ids", "table", "rows":
+    the head's rows, .npy} each) against the head's rows for every id, and run it and the original (its Model's
+    `checked`) greedily (sandbox.headrows): `logits` names the logits output, `vocab` bounds the ids fed; `feeds`:
+    {"rows", "shape"} as measure's."""
+    return {"kind": "head_lookup", "checked": checked, "after": after, "lookups": lookups, **feeds,
+            "logits": logits, "vocab": vocab, "folder": folder}
 
 
 def prove(proof, folder):

@@ -9,7 +9,7 @@ import onnx
 
 from runtime.model.read.checked import source
 from runtime.model.read.model import load
-from runtime.inspect.sandbox import agree
+from runtime.inspect.sandbox import agree, headrows
 from runtime.inspect.sandbox.exposed import shown_copy
 from runtime.inspect.sandbox.feeds import NoFeeds, describe, shaped_feeds, steps
 from runtime.inspect.sandbox.folding import made_at_load
@@ -68,6 +68,7 @@ def prove(job):
     checked = source(job["checked"])
     folder = checked.folder
     before = load(job["before"], folder, data=checked.shell)  # its large tensors read where they lie: its shell
+    headrows.swap_tables(before.proto, job)  # --lookup-from-head: the original looks up the head's rows
     rewritten = rewritten_of(job["rewritten"])
     flipped = {r.table: r.transposed for r in rewritten}
     tables = {name: before.tensors[name].values().T if transposed else before.tensors[name].values()
@@ -190,7 +191,9 @@ def _originals(job, before, folder, watched, feed_sets):
     or as inspect's child saved them ahead on those very feeds (originals.given: job["originals"], unless its
     weights are read in place or another file feeds it); OriginalFails where onnxruntime refuses it (then nothing
     about the retie is known)."""
-    ahead = None if job.get("in_place") or job.get("upstream") else given(job.get("originals"), feed_sets, watched)
+    # saved ahead: the original as it is, not with the head's rows looked up (job["replaced"])
+    ahead = None if job.get("in_place") or job.get("upstream") or job.get("replaced") else given(
+        job.get("originals"), feed_sets, watched)
     if ahead is not None:
         return ahead
     olds, feeds_only = [], [f for *_, f in feed_sets]

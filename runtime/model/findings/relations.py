@@ -4,6 +4,7 @@ import hashlib
 import numpy as np
 
 from graphs.arrays import release
+from runtime.model.findings import headcodes
 from runtime.model.graph import quantized
 from runtime.model.read.model import FLOATS, label
 
@@ -86,8 +87,20 @@ def relate(model, tables, heads):
                           "via_transpose": head["flips"] > 0 or table["flips"] > 0, "table_entry": table,
                           "head_entry": head, "max_error_in_scales": gap,
                           "both_quantized": bool(table.get("quant") and head.get("quant")),
-                          "table_graph": table.get("graph", "main"), "head_graph": head.get("graph", "main")})
+                          "table_graph": table.get("graph", "main"), "head_graph": head.get("graph", "main"),
+                          "head_lookup": _head_lookup(model, relation, table, head)})
     return pairs
+
+
+def _head_lookup(model, relation, table, head):
+    """For a float table and its quantized head, a headcodes.HeadLookup (whether --lookup-from-head can make the
+    lookup read the head's codes, and why not); for a quantized table and its float head, one that says why no
+    share is made; None for every other pair."""
+    if relation != "quantized_copy" or bool(table.get("quant")) == bool(head.get("quant")):
+        return None
+    if table.get("quant"):  # the other way round: never shared
+        return headcodes.HeadLookup(headcodes.REVERSE)
+    return headcodes.HeadLookup(headcodes.why_not(model, table, head))
 
 
 class _Classes:

@@ -133,7 +133,8 @@ def _integers(tensor):
     return values
 
 
-def _chunks(vocab, width):
+def chunks(vocab, width):
+    """[(t0, t1)]: the token ranges a table of `width` is decoded in, each within _VALUES_AT_ONCE values."""
     step = max(1, _VALUES_AT_ONCE // max(1, 3 * width))
     return [(t0, min(vocab, t0 + step)) for t0 in range(0, vocab, step)]
 
@@ -143,7 +144,7 @@ def same_quantized(model, a, b, vocab):
     element: code = value / scale), whatever their layouts; None when either cannot be read."""
     if a.width != b.width:
         return False
-    for t0, t1 in _chunks(vocab, a.width):
+    for t0, t1 in chunks(vocab, a.width):
         x, y = decoded(model, a, t0, t1), decoded(model, b, t0, t1)
         if x is None or y is None:
             return None
@@ -156,7 +157,7 @@ def gap(model, values, q, vocab):
     """The largest |float value - decoded value| in units of the element's scale, for a float table `values`
     ([vocab, width], rows are tokens) against quantized entry `q`; None when `q` cannot be read."""
     worst = 0.0
-    for t0, t1 in _chunks(vocab, q.width):
+    for t0, t1 in chunks(vocab, q.width):
         found = decoded(model, q, t0, t1)
         if found is None:
             return None
@@ -175,7 +176,7 @@ def gap_between(model, a, b, vocab):
     if a.width != b.width:
         return None
     worst, same_scales = 0.0, True
-    for t0, t1 in _chunks(vocab, a.width):
+    for t0, t1 in chunks(vocab, a.width):
         x, y = decoded(model, a, t0, t1), decoded(model, b, t0, t1)
         if x is None or y is None or x[0].shape != y[0].shape:
             return None

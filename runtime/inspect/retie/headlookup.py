@@ -1,0 +1,81 @@
+"""--retie --lookup-from-head: a float lookup table whose values a MatMulNBits head already holds as block-quantized
+codes is looked up from those codes instead (GatherBlockQuantized, com.microsoft: onnxruntime-genai's shared form).
+The float table goes, the head is untouched, and each looked-up row becomes the head's own dequantization of its
+token: (code - zero point) x scale, rounded once to the scale's type."""
+from typing import NamedTuple
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from runtime.model.graph import quantized
+from runtime.model.graph.quantized import attribute
+from runtime.model.findings.headcodes import FLAG
+from runtime.model.findings.relations import stored_as_table
+from runtime.inspect.retie.edits import shell, unique_name
+from runtime.inspect.retie.packed import gather_packed_in_place
+
+class Lookup(NamedTuple):
+    """One lookup the flag rewrote: its output (the looked-up rows, named as before), the ids it reads, the float
+    table it read (as the original stores it; `transposed` when [width, vocab]) and the head codes it reads now."""
+    output: str
+    ids: str
+    table: str
+    transposed: bool
+    codes: str
+
+
+def lookup_from_head(graph, model, table, head, sources):
+    """Make the Gather of `table` (an entry whose pair headcodes.why_not accepts) a GatherBlockQuantized on `head`'s codes,
+    scales and zero points, read in place (retie.packed.gather_packed_in_place: [N, blocks, blob] codes, a run-time
+    view of the scales, one Reshape of the rows). MatMulNBits packs 4-bit zero points two a byte; the op reads
+    one a byte: those are stored anew in `sources` (vocab x blocks bytes, a quarter of float32 scales). The Lookup,
+    or None."""
+    node, q = table["node"], head["quant"]
+    found = Lookup(node.output[0], node.input[1], table["initializer"], not stored_as_table(table),
+                   head["initializer"])
+    inputs = [head["initializer"], node.input[1], q.scale]
+    if q.zero_point:
+        name = unique_name(model, q.zero_point + "_per_block")
+        sources[name] = shell(graph, name, unpacked_zero_points(model, q, table["vocab"], head["stored_dims"][1]))
+        inputs.append(name)
+    node.op_type, node.domain = "GatherBlockQuantized", "com.microsoft"
+    node.doc_string = f"rows looked up from the head's codes {head['initializer']} (retied by runtime.inspect {FLAG})"
+    del node.input[:]
+    node.input.extend(inputs)
+    del node.attribute[:]
+    node.attribute.extend([helper.make_attribute("gather_axis", 0), helper.make_attribute("bits", q.bits),
+                           helper.make_attribute("block_size", attribute(head["node"], "block_size"))])
+    twin = dict(table, initializer=head["initializer"], scales=q.scale, stored_dims=head["stored_dims"])
+    twin.pop("padded_width", None)
+    return found if gather_packed_in_place(graph, model, twin) else None
+
+
+def unpacked_zero_points(model, q, vocab, blocks):
+    """MatMulNBits' zero points (uint8: two 4-bit ones a byte, low nibble first, each row padded to whole bytes;
+    8-bit ones one a byte) one a byte, uint8 [vocab, blocks], as GatherBlockQuantized reads them."""
+    points = np.asarray(model.tensors[q.zero_point].values(), np.uint8).reshape(vocab, -1)
+    if q.bits == 4:
+        points = np.stack([points & 15, points >> 4], axis=-1).reshape(vocab, -1)
+    return np.ascontiguousarray(points[:, :blocks])
+
+
+def head_rows(model, head, table, path):
+    """Write the head's own dequantization of every token ([vocab, width], the table's type: (code - zero point) x
+    scale exact in float64, rounded once to the scale's type) to the .npy `path`, a chunk of tokens at a time, and
+    measure each row's change from the table's: {"max_row_change", "max_row_change_in_steps"} (the largest
+    |new - old| of an element, and of it over its block's scale: the quantization step)."""
+    q, tensor = head["quant"], model.tensors[table["initializer"]]
+    dtype = np.float16 if tensor.data_type == TensorProto.FLOAT16 else np.float32
+    values = tensor.values()
+    values = values if stored_as_table(table) else values.T  # [vocab, width], a view
+    rows = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(table["vocab"], table["width"]))
+    most, steps = 0.0, 0.0
+    for t0, t1 in quantized.chunks(table["vocab"], table["width"]):
+        exact, scales = quantized.decoded(model, q, t0, t1)
+        rows[t0:t1] = exact.astype(dtype)  # one rounding: the product of a small integer and a scale is exact
+        change = np.abs(rows[t0:t1].astype(np.float64) - np.asarray(values[t0:t1], np.float64))
+        most = max(most, float(change.max(initial=0.0)))
+        steps = max(steps, float(np.max(change / scales, initial=0.0)))
+    rows.flush()
+    del rows
+    return {"max_row_change": most, "max_row_change_in_steps": round(steps, 4)}
