@@ -174,13 +174,19 @@ def _work(args, prog, folder):
             isolated.prestart(folder)
         analysis = analyse(args, folder, limits)
         progress.done()
-        _render(analysis, args)
+        if args.retie is None or not args.json:
+            _render(analysis, args)
         if args.retie is None:
             return _checked(args, analysis.verdict)
-        try:
-            return _released(said, _retie(analysis, args, folder, limits, _writer(said, progress)))
+        retied = {"out": args.retie, "status": None, "lookup_from_head": [] if args.lookup_from_head else None}
+        try:  # with --json, the document follows the retie: its record is part of it
+            retied["status"] = _retie(analysis, args, folder, limits, _writer(said, progress),
+                                      Asked(args.logits_to_keep, args.lookup_from_head, retied["lookup_from_head"]))
+            return _released(said, retied["status"])
         finally:
             progress.done()
+            if args.json:
+                _render(analysis, args, retied)
     except (InspectError, FileExistsError) as e:
         print(printable(f"{prog}: error: {e}"), file=sys.stderr)
         return 2
@@ -211,12 +217,15 @@ def _work(args, prog, folder):
         progress.done()
 
 
-def _render(analysis, args):
-    """The report of `analysis` on stdout: its text, or the --json document."""
+def _render(analysis, args, retied=None):
+    """The report of `analysis` on stdout: its text, or the --json document (with `retied`, --retie's record:
+    {"out", "status" (None where it stopped with an error), "lookup_from_head"})."""
     kind, found = analysis.kind, analysis.found
     if args.json:  # json.dumps escapes every control and non-ASCII character itself
         document = {"file": lambda: as_json(found, args.model), "folder": lambda: folder_json(found),
                     "variants": lambda: variants_json(args.model, found)}[kind]()
+        if retied is not None:
+            document["retie"] = retied
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     elif kind == "file":
         report(found, args.model, sys.stdout, args.verbose)
@@ -226,12 +235,12 @@ def _render(analysis, args):
         variants_report(args.model, found, sys.stdout, args.verbose)
 
 
-def _retie(analysis, args, scratch, limits, say):
-    """--retie OUT of what `analysis` found; the retie's status (0 or 1). A transformers.js folder, unless --dtype or
-    --files chooses its files, is retied variant by variant; any other folder as the files a client loads."""
+def _retie(analysis, args, scratch, limits, say, asked):
+    """--retie OUT of what `analysis` found, as `asked` (write.Asked); the retie's status (0 or 1). A transformers.js
+    folder, unless --dtype or --files chooses its files, is retied variant by variant; any other folder as the files
+    a client loads."""
     kind, found = analysis.kind, analysis.found
     isolated.prestart(scratch)  # the proof's child imports onnxruntime while OUT is written
-    asked = Asked(args.logits_to_keep, args.lookup_from_head)
     if kind == "file":
         return retie(found["model"], found, args.retie, scratch, limits, say, asked)
     if kind == "folder":

@@ -211,3 +211,21 @@ def test_genai_generator_runs_the_lookup_from_head(tmp_path):
     generated = genai_tokens(tmp_path / "out", new=6)
     assert generated == [plain_greedy(tmp_path / "out" / "model.onnx", p, 6) for p in PROMPTS]
     assert genai_tokens(source, new=6) == [plain_greedy(os.path.join(source, "model.onnx"), p, 6) for p in PROMPTS]
+
+
+def test_json_holds_the_retie_record(tmp_path):
+    """With --json the document follows the retie and holds its record: each lookup's row check and change (the
+    change recomputed here from the fixture's own table and codes), and the greedy agreement."""
+    source = os.path.join(FIXTURES, "ortquant_q4f16")
+    done = inspected(source, "--retie", tmp_path / "out", "--lookup-from-head", "--json")
+    retied = json.loads(done.stdout)["retie"]
+    original = onnx.load(os.path.join(source, "model.onnx"))
+    expected, codes = head_rows(original)
+    table = numpy_helper.to_array(next(t for t in original.graph.initializer if t.name == "transformer.wte.weight"))
+    (record,) = retied["lookup_from_head"]
+    assert (retied["status"], record["table"], record["head"], record["rows_equal_head"]) == (
+        0, "transformer.wte.weight", codes, True)
+    assert record["max_row_change"] == np.abs(expected.astype(np.float64) - table.astype(np.float64)).max()
+    agreement = record["token_agreement"]
+    assert (agreement["prompts"], agreement["tokens"]) == (8, 128) and 0 <= agreement["agreed"] <= 128
+    assert record["max_logit_change"] >= 0 and (agreement["agreed"] == 128) <= (agreement["same_first"] == 8)

@@ -18,6 +18,7 @@ from runtime.inspect.retie.edits import external_sources
 from runtime.inspect.retie.rewrite import borrow
 from runtime.inspect.retie import lines, outcomes, transformersjs
 from runtime.inspect.retie import keep as keeps
+from runtime.inspect.retie import write
 from runtime.inspect.retie.write import Asked, Plan, planned_keeping, proven_at, proven_in_place
 
 DATA = "model.data"  # the one data file OUT's models share
@@ -55,7 +56,7 @@ def retie_folder(result, out, scratch, limits, say, asked=Asked()):
     config = transformersjs.Config(tjs[0], [f.name for f in files], say) if tjs else None
     staged, said = StagedOut(files, out, config), []
     try:
-        proven = proven_files(files, staged, scratch, limits, say, logits_to_keep)
+        proven = proven_files(files, staged, scratch, limits, say, asked)
         if proven is None:
             return 1
         before, after = disk_bytes(result["items"]), staged.bytes()
@@ -146,10 +147,11 @@ def planned_files(result, say, logits_to_keep, lookup_from_head=False):
     return files
 
 
-def proven_files(files, staged, scratch, limits, say, logits_to_keep=None):
+def proven_files(files, staged, scratch, limits, say, asked=Asked()):
     """Proven: each rewritten file of `files` proven where `staged` (a StagedOut) holds it; None when a proof
     failed (said; nothing is to be written). The one file with a table in a folder of one such is measured by
-    its proof."""
+    its proof. `asked`: write.Asked's (its --logits-to-keep said of each file; its records kept)."""
+    logits_to_keep = asked.logits_to_keep
     held, figures = {}, None
     tabled = [f for f in files if f.item["info"]["rows"]]  # the files measured again
     limits.progress(f"writing {staged.out} beside it, to prove its files there")
@@ -176,6 +178,8 @@ def proven_files(files, staged, scratch, limits, say, logits_to_keep=None):
         if looked_up:
             for line in lines.lookup_lines(looked_up, info, where=f"{name}: "):
                 say(line)
+            if asked.records is not None:
+                asked.records.extend(write.lookup_records(looked_up, name))
         if keep:
             say(lines.kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(r.hidden for r in rewritten)))
     return Proven(held, figures)

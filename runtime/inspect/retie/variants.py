@@ -46,7 +46,8 @@ def retie_variants(found, out, scratch, limits, say, asked=Asked()):
         for i, p in enumerate(planned):
             where = os.path.join(scratch, f"retie-{i}")
             os.mkdir(where)
-            p["proven"] = proven_files(p["files"], staged, where, limits, p["said"], keeping[p["found"]["dtype"]])
+            p["proven"] = proven_files(p["files"], staged, where, limits, p["said"],
+                                       asked._replace(logits_to_keep=keeping[p["found"]["dtype"]]))
             if p["proven"] is None:
                 return 1
             p["scratch"] = where

@@ -20,9 +20,25 @@ from runtime.resident import OWNED_MOST, copies_held, prepacked_copies
 
 class Asked(NamedTuple):
     """What --retie is asked to rewrite besides duplicated tables: --logits-to-keep's K (or None) and
-    --lookup-from-head."""
+    --lookup-from-head; `records`, where given, gets lookup_records' entries of every file as it is proven (--json's
+    retie record)."""
     logits_to_keep: int | None = None
     lookup_from_head: bool = False
+    records: list | None = None
+
+
+def lookup_records(looked_up, file=None):
+    """--json's `lookup_from_head` entries of a proven --lookup-from-head (Plan.looked_up): one a lookup rewritten,
+    {"file", "table", "head", "rows_equal_head", "max_row_change", "max_row_change_in_steps", "token_agreement":
+    {"prompts", "tokens", "agreed", "same_first"}, "max_logit_change"} (the greedy figures are the file's)."""
+    record, found = looked_up["record"], []
+    greedy = {k: record["greedy"][k] for k in ("prompts", "tokens", "agreed", "same_first")}
+    rows = {r["table"]: r["rows_equal_head"] for r in record["rows"]}
+    for lookup in looked_up["lookups"]:
+        found.append({"file": file, "table": lookup.table, "head": lookup.codes, "rows_equal_head": rows[lookup.table],
+                      **looked_up["changes"][lookup.table], "token_agreement": greedy,
+                      "max_logit_change": record["greedy"]["max_logit_change"]})
+    return found
 
 
 class Plan(NamedTuple):
@@ -220,6 +236,8 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
     if looked_up:
         for line in lines.lookup_lines(looked_up, found, measured):
             say(line)
+        if asked.records is not None:
+            asked.records.extend(lookup_records(looked_up, model.path))
     if keep:
         say(lines.kept_line(keep, logits_to_keep, found["shape"], retied=any(r.hidden for r in rewritten)))
     was = {v["table"]: v for v in found["vocabulary"]}
