@@ -229,3 +229,44 @@ def test_json_holds_the_retie_record(tmp_path):
     agreement = record["token_agreement"]
     assert (agreement["prompts"], agreement["tokens"]) == (8, 128) and 0 <= agreement["agreed"] <= 128
     assert record["max_logit_change"] >= 0 and (agreement["agreed"] == 128) <= (agreement["same_first"] == 8)
+
+
+@pytest.fixture(scope="module")
+def tjs_folders(tmp_path_factory):
+    """A transformers.js folder with q4 and q4f16 variants (transformers.js's recipes, tests/fixtures/
+    transformersjs_gpt2.py) and its --retie OUT --lookup-from-head."""
+    from tests.fixtures import transformersjs_gpt2
+    where = tmp_path_factory.mktemp("tjs")
+    original = transformersjs_gpt2.make(str(where / "gpt2"), dtypes=("q4", "q4f16"))
+    inspected(original, "--retie", where / "out", "--lookup-from-head")
+    return original, str(where / "out")
+
+
+def test_each_transformersjs_variant_looks_up_from_the_head(tjs_folders):
+    original, out = tjs_folders
+    for name in ("model_q4.onnx", "model_q4f16.onnx"):  # decoded in standard ops: the browser has no kernel for
+        model = onnx.load(os.path.join(out, "onnx", name))  # GatherBlockQuantized (onnxruntime-web 1.31's WASM)
+        codes = head_rows(model)[1]
+        assert "transformer.wte.weight" not in {t.name for t in model.graph.initializer}, name
+        assert not any(n.op_type == "GatherBlockQuantized" for n in model.graph.node), name
+        assert any(n.op_type == "Gather" and n.input[0] == codes for n in model.graph.node), name
+    fp32 = onnx.load(os.path.join(out, "onnx", "model.onnx"))  # no head codes: the float variant as it was
+    assert "transformer.wte.weight" in {t.name for t in fp32.graph.initializer}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["q4", "q4f16"])
+def test_transformersjs_node_and_browser_run_the_lookup_from_head(tjs_folders, dtype):
+    """transformers.js itself, in Node (onnxruntime-node) and in headless Chromium (onnxruntime-web's WASM), loads
+    OUT's variant and greedy-decodes the tokens onnxruntime's own run of that file picks. (With GatherBlockQuantized
+    the browser refused it: "Failed to find kernel for com.microsoft.GatherBlockQuantized(1)".)"""
+    from tests import transformersjs_client as client
+    from tests.runtime_inspect.test_transformersjs import NEW, PROMPTS as TJS_PROMPTS, ort_greedy
+    if not client.node():
+        pytest.skip("no node on this machine")
+    original, out = tjs_folders
+    name = {"q4": "model_q4.onnx", "q4f16": "model_q4f16.onnx"}[dtype]
+    expected = [ort_greedy(os.path.join(out, "onnx", name), p, NEW) for p in TJS_PROMPTS]
+    assert client.node_greedy(out, TJS_PROMPTS, NEW, dtype=dtype)["tokens"] == expected
+    if client.chromium():
+        assert client.browser_greedy(out, TJS_PROMPTS, NEW, dtype=dtype)["tokens"] == expected

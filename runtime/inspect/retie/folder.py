@@ -15,6 +15,7 @@ from runtime.model.read import sidecars
 from runtime.model.read.layout import transformersjs_root
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import external_sources
+from runtime.inspect.retie.headlookup import DECODED
 from runtime.inspect.retie.rewrite import borrow
 from runtime.inspect.retie import lines, outcomes, transformersjs
 from runtime.inspect.retie import keep as keeps
@@ -129,8 +130,12 @@ class StagedOut:
 
 def planned_files(result, say, logits_to_keep, lookup_from_head=False):
     """[File] of every file of `result`, in its order: each rewritten as retie.rewrite and retie.keep plan (its
-    proto changed), a head reading another file's table pointed at it (borrow), or left as it is."""
+    proto changed), a head reading another file's table pointed at it (borrow), or left as it is. A transformers.js
+    folder's lookups from the head are decoded in standard ops (the browser's onnxruntime-web has no kernel for
+    GatherBlockQuantized)."""
     files, place = [], outcomes.placed(result)
+    if lookup_from_head and transformersjs_root(result["folder"]):
+        lookup_from_head = DECODED
     borrowed, fed = _borrowed_tables(result, say), upstream(result["items"])
     keeping = _keeping(result["items"], logits_to_keep, say)
     for item in result["items"]:

@@ -5,14 +5,17 @@ token: (code - zero point) x scale, rounded once to the scale's type."""
 from typing import NamedTuple
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from runtime.model.graph import quantized
 from runtime.model.graph.quantized import attribute
 from runtime.model.findings.headcodes import FLAG
 from runtime.model.findings.relations import stored_as_table
-from runtime.inspect.retie.edits import shell, unique_name
+from runtime.inspect.retie.edits import const, shell, unique_name, view_of
 from runtime.inspect.retie.packed import gather_packed_in_place
+
+DECODED = "standard ops"  # the form for runtimes with no GatherBlockQuantized kernel: decoded_lookup
+
 
 class Lookup(NamedTuple):
     """One lookup the flag rewrote: its output (the looked-up rows, named as before), the ids it reads, the float
@@ -48,6 +51,63 @@ def lookup_from_head(graph, model, table, head, sources):
     twin = dict(table, initializer=head["initializer"], scales=q.scale, stored_dims=head["stored_dims"])
     twin.pop("padded_width", None)
     return found if gather_packed_in_place(graph, model, twin) else None
+
+
+def decoded_lookup(graph, model, table, head, sources):
+    """Make the Gather of `table` a lookup of `head`'s codes in standard ONNX ops, for runtimes with no
+    GatherBlockQuantized kernel (onnxruntime-web's WASM): the rows of the [N, blocks, blob] codes gathered as they
+    lie, each byte split into its two 4-bit codes (BitShift, low nibble first), Cast to the scales' type, less the
+    zero point, times the row's scales, reshaped to [..., width]. The same rows as lookup_from_head's, computed in
+    the same order (one rounding, in the product); the codes and scales read in place. The Lookup."""
+    node, q = table["node"], head["quant"]
+    found = Lookup(node.output[0], node.input[1], table["initializer"], not stored_as_table(table),
+                   head["initializer"])
+    ids, p = node.input[1], unique_name(model, "rows_from_head") + "_"
+    (vocab, blocks, blob), kind = head["stored_dims"], model.tensors[q.scale].data_type
+    block = blob * 8 // q.bits
+    make = lambda op, inputs, name, **attrs: helper.make_node(op, inputs, [p + name], name=p + name, **attrs)
+    nodes = [make("Gather", [head["initializer"], ids], "codes"), make("Shape", [ids], "ids_shape")]  # [..., blocks, blob]
+    codes = p + "codes"
+    if q.bits == 4:
+        four = _scalar(graph, p + "four", np.uint8(4))
+        nodes += [make("BitShift", [codes, four], "high", direction="RIGHT"),
+                  make("BitShift", [p + "high", four], "high_back", direction="LEFT"),
+                  make("Sub", [codes, p + "high_back"], "low"),
+                  make("Unsqueeze", [p + "low", const(graph, p + "last", [-1])], "low_1"),
+                  make("Unsqueeze", [p + "high", p + "last"], "high_1"),
+                  make("Concat", [p + "low_1", p + "high_1"], "pairs", axis=-1)]  # [..., blocks, blob, 2]
+        codes = p + "pairs"
+    nodes += [make("Concat", [p + "ids_shape", const(graph, p + "blocks_shape", [blocks, block])], "to_blocks", axis=0),
+              make("Reshape", [codes, p + "to_blocks"], "blocks"), make("Cast", [p + "blocks"], "values", to=kind)]
+    if q.zero_point:
+        points = unique_name(model, q.zero_point + "_per_block")
+        sources[points] = shell(graph, points, unpacked_zero_points(model, q, vocab, blocks))
+        nodes += [make("Gather", [points, ids], "points"), make("Cast", [p + "points"], "points_cast", to=kind),
+                  make("Unsqueeze", [p + "points_cast", const(graph, p + "at_end", [-1])], "zero")]
+        zero = p + "zero"
+    else:  # MatMulNBits' default: the middle code
+        zero = _scalar(graph, p + "zero", np.array(2 ** (q.bits - 1), helper.tensor_dtype_to_np_dtype(kind)))
+    scales = q.scale
+    if len(model.tensors[q.scale].dims) != 2:  # stored flat: read [N, blocks] through a run-time view, no copy
+        scales = view_of(graph, model, node, q.scale, ids, [vocab, blocks])
+    nodes += [make("Sub", [p + "values", zero], "centered"), make("Gather", [scales, ids], "scales"),
+              make("Unsqueeze", [p + "scales", const(graph, p + "scale_axis", [-1])], "scales_1"),
+              make("Mul", [p + "centered", p + "scales_1"], "rows"),
+              make("Concat", [p + "ids_shape", const(graph, p + "width", [table["width"]])], "to_rows", axis=0),
+              helper.make_node("Reshape", [p + "rows", p + "to_rows"], [node.output[0]], name=p + "unblocked",
+                               doc_string=f"rows decoded from the head's codes {head['initializer']} (retied by "
+                                          f"runtime.inspect {FLAG})")]
+    at = list(graph.node).index(node)
+    graph.node.remove(node)
+    for offset, n in enumerate(nodes):
+        graph.node.insert(at + offset, n)
+    return found
+
+
+def _scalar(graph, name, value):
+    """A scalar initializer `name` holding `value` (its numpy type); its name."""
+    graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+    return name
 
 
 def unpacked_zero_points(model, q, vocab, blocks):

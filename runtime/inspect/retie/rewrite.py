@@ -18,7 +18,8 @@ def rewrite(model, pairs, lookup_from_head=False):
     table it shares, or one reading it through a Transpose (which onnxruntime folds into a copy), becomes
     Gemm(transB=1) on the table's run-time view (a OneHot product's lookup reads that view too), and a table
     stored [width, vocab] (onnxruntime-genai's shared embeddings) is stored once the other way round; with
-    `lookup_from_head`, a float table's Gather reads its MatMulNBits head's codes (retie.headlookup).
+    `lookup_from_head` (True, or headlookup.DECODED for standard ops), a float table's Gather reads its
+    MatMulNBits head's codes (retie.headlookup).
     Returns ([sandbox.jobs.Rewritten], {name: array} of the data of every external or new initializer, views on the model's files that
     graphs.save writes in chunks: no table is loaded whole; external Constant values and subgraph initializers are
     read into the model, edits.inline_nested)."""
@@ -30,7 +31,8 @@ def rewrite(model, pairs, lookup_from_head=False):
         how, _ = remedy(p, lookup_from_head)
         if how == "lookup_from_head" and id(table["node"]) not in done:
             done.add(id(table["node"]))
-            found = headlookup.lookup_from_head(graph, model, table, head, sources)
+            make = headlookup.decoded_lookup if lookup_from_head == headlookup.DECODED else headlookup.lookup_from_head
+            found = make(graph, model, table, head, sources)
             if found:
                 lookups.append(found)
                 rewritten.append(Rewritten(None, None, table["initializer"], found.transposed, head["initializer"]))
