@@ -6,7 +6,7 @@ import shutil
 from runtime.inspect import examine
 from runtime.model.findings import counting
 from runtime.model.findings.counting import DEFAULTS, SETTINGS
-from runtime.model.findings.across import config_tie, held_together, relate_files, tie_finding
+from runtime.model.findings.across import config_tie, held_together, quantized_heads, relate_files, tie_finding
 from runtime.model.read import paths as read_paths
 from runtime.model.read.layout import client_files, variants
 from runtime.inspect.sandbox import isolated, jobs, memory
@@ -114,6 +114,7 @@ def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static
         group["in_memory"] = counting.not_counted() if static else held_together(group, items, measured, weights - stored)
         group["config_tie"] = config if group["kind"] == "token" else None
         group["tie_finding"] = tie_finding(group, config, items)
+        group["quantized_heads"] = quantized_heads(group, items)
     return {"folder": folder, "rule": rule, "items": items, "across": across, "measure_error": measured.get("error"),
             "onnxruntime": items[0]["info"]["onnxruntime"] if items else None}
 

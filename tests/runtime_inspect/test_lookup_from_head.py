@@ -270,3 +270,14 @@ def test_transformersjs_node_and_browser_run_the_lookup_from_head(tjs_folders, d
     assert client.node_greedy(out, TJS_PROMPTS, NEW, dtype=dtype)["tokens"] == expected
     if client.chromium():
         assert client.browser_greedy(out, TJS_PROMPTS, NEW, dtype=dtype)["tokens"] == expected
+
+
+def test_a_quantized_head_is_no_lost_tie(tjs_folders):
+    """config.json says tied; the q4 head holds the table's values as 4-bit codes: a tie up to rounding, not the lost
+    tie inspect called it before (its next line then offered --lookup-from-head for the same pair)."""
+    original, _ = tjs_folders
+    data = json.loads(inspected(original, "--dtype", "q4", "--json", "--static").stdout)
+    assert [e["kind"] for e in data["verdict"] if e["kind"] != "all_positions_scored"] == ["quantized_copy"]
+    (entry,) = [v for v in data["across_files"]["vocabulary"] if v["kind"] == "token"]
+    assert entry["tie_finding"] is None and entry["quantized_heads"] == [head_rows(onnx.load(
+        os.path.join(original, "onnx", "model_q4.onnx")))[1]]

@@ -66,7 +66,7 @@ def folder_body(result, out, verbose=False):
           f"{held_line(v['in_memory'], result['measure_error'], verbose, 'resident (Pss) after a run of each:')}")
         if v["config_tie"] is not None:
             w(f"  config: tie_word_embeddings {str(v['config_tie']).lower()}; the graph "
-              f"{'scores with this table' if v['tied'] else 'has no head reading these values'}"
+              f"{'scores with this table' if v['tied'] else _untied(v)}"
               f"{'' if v['tie_finding'] else ': as the config says'}")
     if verbose:
         for line in _same_across(across["pairs"]):
@@ -114,3 +114,10 @@ def folder_json(result):
             "rule": result["rule"],
             "files": [{"path": it["file"], **as_json(it["info"], verdict=False)} for it in result["items"]],
             "across_files": {"pairs": result["across"]["pairs"], "vocabulary": vocabulary}}
+
+
+def _untied(v):
+    """What the graph does with an untied token table's values: a head holds them quantized, or no head reads them."""
+    heads = v.get("quantized_heads")
+    return f"holds them quantized in head {', '.join(heads)} (a tie up to rounding)" if heads else \
+        "has no head reading these values"

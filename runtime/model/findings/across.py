@@ -233,16 +233,25 @@ def held_together(group, items, measured, other_bytes):
 
 def tie_finding(group, config, items):
     """None, "wrong_tie" (the config says untied, a head scores with the input table) or "lost_tie" (the config says
-    tied, a head of the table's shape holds other values), for a token table's group."""
+    tied, a head of the table's shape holds other values, not even the table's values quantized), for a token
+    table's group."""
     if config is None or group["kind"] != "token":
         return None
     if config is False and group["tied"]:
         return "wrong_tie"
-    if config is True and not group["tied"]:
+    if config is True and not group["tied"] and not quantized_heads(group, items):
         heads = [h for it in items for h in it["info"]["heads"]
                  if (h["vocab"], h["width"]) == (group["vocab_size"], group["width"])]
         return "lost_tie" if heads else None
     return None
+
+
+def quantized_heads(group, items):
+    """The heads that hold a token table group's values quantized (`quantized_copy` pairs of its members): a tie a
+    quantizer kept up to rounding, not a lost one."""
+    names = {(it["file"], e["initializer"]) for it, e, _ in group["members"]}
+    return sorted({p["head"] for it in items for p in it["info"]["pairs"]
+                   if p["relation"] == "quantized_copy" and (it["file"], p["table"]) in names})
 
 
 def disk_bytes(items):
