@@ -10,7 +10,7 @@ import onnxruntime as ort
 
 import embed
 from graphs.storage import write_text
-from runtime.compare.real import checks, figures, report
+from runtime.compare.real import checks, figures, report, untrained
 from runtime.compare.real.lab import Lab
 from runtime.compare.real.pool import ReferencePool
 from runtime.compare.real.rows import Rows
@@ -23,22 +23,26 @@ DEFAULT_QUERIES = (" Paris", " king", " water")  # tried with a tokenizer; those
 
 
 def default_queries(vocabulary, lengths):
-    """The queries when none is given: the words of DEFAULT_QUERIES the tokenizer makes one token each, else the
-    rows of median, shortest and longest length."""
+    """(ids, why): the queries when none is given: the words of DEFAULT_QUERIES the tokenizer makes one token each
+    (why None), else the rows of median, shortest and longest length, and why in one line."""
     made = [vocabulary.encode(word) for word in DEFAULT_QUERIES]
     ids = [m[0] for m in made if m is not None and len(m) == 1 and 0 <= m[0] < len(lengths)]
     if ids:
-        return list(dict.fromkeys(ids))
+        return list(dict.fromkeys(ids)), None
     order = np.argsort(lengths, kind="stable")
-    return list(dict.fromkeys(int(t) for t in (order[len(order) // 2], order[0], order[-1])))
+    words = ", ".join(repr(w) for w in DEFAULT_QUERIES)
+    why = (f"no tokenizer to make {words} tokens" if all(m is None for m in made) else
+           f"the tokenizer makes none of {words} one token")
+    return (list(dict.fromkeys(int(t) for t in (order[len(order) // 2], order[0], order[-1]))),
+            f"no --query given and {why}:\nthe lists below are of the rows of median, shortest and longest length")
 
 
 def _header(table, path):
     vocab, width = table.values.shape
     tie = "tied" if table.tied else "untied"
     return (f"embedding-onnx-lab compare --model {printable(path)}\ntable {printable(table.name)}: {vocab} x {width} "
-            f"(vocab x width), {table.format} read as float32, {tie}; onnxruntime {ort.__version__}, onnx "
-            f"{onnx.__version__}")
+            f"(vocab x width), {table.format} read as float32, {tie}\nonnxruntime {ort.__version__}, onnx "
+            f"{onnx.__version__}")  # three lines: a long name or path stays within the report's width
 
 
 def _submitted(pool, queries, ids, k):
@@ -70,7 +74,10 @@ def _measure(config, table, lab, vocabulary, progress, say, queries):
     `queries` the ids asked for (None: the defaults). The reference's passes run in two worker processes
     meanwhile."""
     lengths = figures.norms(lab.values)
-    queries = queries or default_queries(vocabulary, lengths)
+    if not queries:
+        queries, why = default_queries(vocabulary, lengths)
+        if why:
+            say(why + "\n")
     ids = list(config.ids) if config.ids else queries[:2] + queries[:1]  # a repeated id: the same row at both places
     embed.check_ids(ids, table.vocab)
     rows, k, shown = Rows(lab.values), min(config.k, table.vocab - 1), vocabulary.shown
@@ -117,7 +124,11 @@ def run(config):
             longest = [int(t) for t in np.argsort(-lengths, kind="stable")[:config.k]]
             found += report.table_lines(table, lengths, vocabulary, longest[:5])
             found += [report.self_score_line(vocabulary, lengths, scores), report.hubs_line(vocabulary, counts)]
+            progress("under-trained tokens: each row against the unused ones")
+            under = untrained.indicator(lab.values, vocabulary, table.tied)
+            found.append(untrained.check(under, table.tied))
             data = report.table_json(table, vocabulary, lengths, longest, lists, scores, counts)
+            data["under_trained"] = under
             lab.close()
     except (InspectError, embed.UsageError, IndexError) as e:
         progress.done()

@@ -16,6 +16,13 @@ def _strings(field):
     return [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
 
 
+def _floats(field):
+    """A GGUF float array field as Python floats (None when absent)."""
+    if field is None:
+        return None
+    return [float(field.parts[i][0]) for i in field.data]
+
+
 def _string(field):
     return None if field is None else bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
 
@@ -41,6 +48,8 @@ def gguf_table(path, name=None):
         tokens = _strings(reader.fields.get("tokenizer.ggml.tokens"))
         merges = _strings(reader.fields.get("tokenizer.ggml.merges"))
         model = _string(reader.fields.get("tokenizer.ggml.model"))
+        scores = _floats(reader.fields.get("tokenizer.ggml.scores"))
+        architecture = _string(reader.fields.get("general.architecture"))
         fmt, nbytes = tensor.tensor_type.name, int(tensor.n_bytes)
     except InspectError:
         raise
@@ -50,7 +59,18 @@ def gguf_table(path, name=None):
         raise InspectError(f"{path}: {name} is {list(values.shape)}, not a [vocab, width] table")
     if tokens is not None and len(tokens) != values.shape[0]:
         tokens = None  # a vocabulary of another size names other rows
+    scale = row_scale(architecture, values.shape[1])
     return Table(model=os.path.abspath(path), name=name, values=np.ascontiguousarray(values), format=fmt,
-                 bytes=nbytes, tied=bool(tied), head=name if head is None else _HEAD, row_scale=None,
-                 row_scale_is_sqrt_width=None, folder=os.path.dirname(os.path.abspath(path)), tokens=tokens,
-                 merges=merges, tokenizer_model=model)
+                 bytes=nbytes, tied=bool(tied), head=name if head is None else _HEAD, row_scale=scale,
+                 row_scale_is_sqrt_width=None if scale is None else True,
+                 folder=os.path.dirname(os.path.abspath(path)), tokens=tokens, merges=merges, tokenizer_model=model,
+                 scores=scores, architecture=architecture)
+
+
+SCALED = ("gemma", "gemma2", "gemma3", "gemma3n", "gemma-embedding")  # llama.cpp multiplies these architectures'
+# looked-up rows by sqrt(n_embd) (its graph builders for Gemma); every other architecture reads them as stored
+
+
+def row_scale(architecture, width):
+    """What llama.cpp multiplies a GGUF architecture's looked-up rows by: sqrt(width) for Gemma's, else None."""
+    return float(np.float32(np.sqrt(width))) if architecture in SCALED else None

@@ -26,7 +26,8 @@ _ROWS_AT_ONCE = 2**22  # values decoded a block of rows at a time
 class Table:
     """A model's token table as compare --model reads it. `values` float32 [vocab, width] (a memory map where the
     model's own float32 bytes could be read in place); `tied` inspect's finding (a head reads the same values);
-    `folder` where the tokenizer is looked for; `tokens` / `merges` / `tokenizer_model`: a GGUF file's vocabulary."""
+    `folder` where the tokenizer is looked for; `tokens` / `merges` / `tokenizer_model` / `scores`: a GGUF file's vocabulary; `architecture` its
+    general.architecture."""
     model: str
     name: str
     values: np.ndarray
@@ -40,6 +41,8 @@ class Table:
     tokens: list | None = None
     merges: list | None = field(default=None, repr=False)
     tokenizer_model: str | None = None
+    scores: list | None = field(default=None, repr=False)
+    architecture: str | None = None
 
     @property
     def vocab(self):

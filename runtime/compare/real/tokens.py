@@ -16,7 +16,10 @@ class Vocabulary:
     ids the model's tokenizer makes of `text`, or None without a tokenizer."""
 
     def __init__(self, strings, tokenizer=None, where=None):
-        self.strings, self._tokenizer, self.where = strings, tokenizer, where
+        self.strings, self._tokenizer, self.where, self._ids = strings, tokenizer, where, None
+        if tokenizer is not None:  # a query is one text: a tokenizer.json's padding (to 128, say) or truncation is not
+            tokenizer.no_padding()  # the model's, but its batching's
+            tokenizer.no_truncation()
 
     def token(self, token_id):
         """The token string of `token_id` (printable: a control character is escaped), or None."""
@@ -30,7 +33,19 @@ class Vocabulary:
         return f"#{token_id}" if token is None else token
 
     def encode(self, text):
+        """The ids the tokenizer makes of `text` (no special tokens added, no padding or truncation), or None."""
         return None if self._tokenizer is None else self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def exact(self, string):
+        """The id of the token whose string is exactly `string` (the lowest, where two are), or None."""
+        if self.strings is None:
+            return None
+        if self._ids is None:
+            self._ids = {}
+            for token_id, token in enumerate(self.strings):
+                if token is not None:
+                    self._ids.setdefault(token, token_id)
+        return self._ids.get(string)
 
 
 def _tokenizers():
@@ -92,20 +107,50 @@ def vocabulary_of(table):
 
 
 def _gguf_tokenizer(table):
-    """A tokenizers BPE of a GGUF 'gpt2' (byte-level BPE) vocabulary and merges, or None."""
+    """A tokenizers Tokenizer rebuilt from a GGUF vocabulary as llama.cpp reads its `tokenizer.ggml.model`: `gpt2`
+    byte-level BPE from its merges, `llama` SentencePiece (a Unigram of the tokens and their scores, `▁` for a
+    space), `bert` WordPiece (`##` continuations, lower-cased where the vocabulary has no capital); None for any
+    other model, or without the tokenizers library."""
     library = _tokenizers()
-    if library is None or table.tokenizer_model != "gpt2" or not table.merges:
+    if library is None or not table.tokens:
         return None
-    vocab = {token: i for i, token in enumerate(table.tokens)}
+    build = {"gpt2": _byte_level_bpe, "llama": _sentencepiece, "bert": _wordpiece}.get(table.tokenizer_model)
+    return None if build is None else build(library, table)
+
+
+def _byte_level_bpe(library, table):
+    if not table.merges:
+        return None
+    vocab = {token: i for i, token in reversed(list(enumerate(table.tokens)))}
     merges = [tuple(m.split(" ", 1)) for m in table.merges if " " in m]
     tokenizer = library.Tokenizer(library.models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = library.pre_tokenizers.ByteLevel(add_prefix_space=False)
     return tokenizer
 
 
+def _sentencepiece(library, table):
+    scores = table.scores if table.scores and len(table.scores) == len(table.tokens) else [0.0] * len(table.tokens)
+    unknown = next((i for i, t in enumerate(table.tokens) if t in ("<unk>", "[UNK]")), 0)
+    tokenizer = library.Tokenizer(library.models.Unigram([(t, float(s)) for t, s in zip(table.tokens, scores)],
+                                                         unk_id=unknown, byte_fallback=False))
+    tokenizer.normalizer = library.normalizers.Replace(" ", "\u2581")  # SentencePiece's space, kept where it stands
+    return tokenizer
+
+
+def _wordpiece(library, table):
+    vocab = {token: i for i, token in reversed(list(enumerate(table.tokens)))}
+    unknown = "[UNK]" if "[UNK]" in vocab else table.tokens[0]
+    tokenizer = library.Tokenizer(library.models.WordPiece(vocab=vocab, unk_token=unknown))
+    cased = any(t.isalpha() and not t.islower() for t in table.tokens[:5000] if not t.startswith("["))
+    tokenizer.normalizer = library.normalizers.BertNormalizer(lowercase=not cased)
+    tokenizer.pre_tokenizer = library.pre_tokenizers.BertPreTokenizer()
+    return tokenizer
+
+
 def resolve(queries, vocabulary, vocab_size):
-    """Each query as one token id: digits are an id in [0, vocab_size); a text must make exactly one token.
-    UsageError (one line) otherwise."""
+    """Each query as one token id: digits are an id in [0, vocab_size); else the token whose exact string the
+    vocabulary holds (`ĠParis`, `▁Paris`, `[CLS]`), or a text the tokenizer makes into exactly one token; where
+    those two readings give different ids, the query is ambiguous. UsageError (one line) otherwise."""
     ids = []
     for query in queries:
         if query.isdigit():
@@ -114,14 +159,22 @@ def resolve(queries, vocabulary, vocab_size):
                 raise UsageError(f"--query {query}: id out of range [0, {vocab_size})")
             ids.append(token_id)
             continue
-        made = vocabulary.encode(query)
+        exact, made = vocabulary.exact(query), vocabulary.encode(query)
+        if exact is not None and made is not None and made != [exact]:
+            raise UsageError(f"--query {query!r} is ambiguous: the vocabulary's token {exact} is that string, and "
+                             f"the tokenizer makes {', '.join(vocabulary.shown(i) for i in made) or 'nothing'} "
+                             f"({', '.join(map(str, made))}) of it as a text; give the id")
+        if exact is not None:
+            ids.append(exact)
+            continue
         if made is None:
-            raise UsageError(f"--query {query!r}: a text query needs the model's tokenizer ({TOKENIZER} beside the "
-                             "model, and the tokenizers library); give a token id instead")
+            raise UsageError(f"--query {query!r}: no token of the vocabulary is that string, and a text query needs "
+                             f"the model's tokenizer ({TOKENIZER} beside the model, or a GGUF vocabulary, and the "
+                             "tokenizers library); give a token id instead")
         if len(made) != 1:
             shown = ", ".join(vocabulary.shown(i) for i in made) or "none"
             raise UsageError(f"--query {query!r}: the tokenizer makes {len(made)} tokens of it ({shown}); "
-                             "give a text of one token, or an id")
+                             "give a text of one token, a token's exact string, or an id")
         if not 0 <= made[0] < vocab_size:
             raise UsageError(f"--query {query!r}: the tokenizer gives id {made[0]}, outside the table's "
                              f"[0, {vocab_size})")

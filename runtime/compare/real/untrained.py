@@ -1,0 +1,88 @@
+"""Tokens a tied model never trained, found from its table alone: the indicator of Land & Bartolo, "Fishing for
+Magikarp" (2024). Rows that training never reached keep what initialisation and weight decay left them, and so
+point the same way as the rows of tokens the vocabulary reserves and no text contains: each row's cosine to the
+mean of those reference rows, after the direction every row shares (the table's first principal component) is
+taken out, ranks them. Two passes over the table: its Gram matrix, then each row's projections."""
+import re
+
+import numpy as np
+
+from runtime.compare.bounds import Check
+
+REFERENCE = re.compile(r"<unused\d+>|\[unused\d+\]|<\|reserved_special_token_\d+\|>")  # Gemma, BERT, Llama 3
+PERCENTILE = 5  # a candidate's indicator reaches this percentile of the reference rows' own
+SHOWN = 20  # candidates --json lists, best first
+ROWS_AT_ONCE = 65536  # rows projected at a time: 160 MiB of float32 at width 640
+
+
+def reference_ids(vocabulary):
+    """The ids the vocabulary marks unused or reserved, by their strings."""
+    strings = vocabulary.strings or []
+    return [i for i, token in enumerate(strings) if token is not None and REFERENCE.fullmatch(token)]
+
+
+def first_component(values):
+    """The table's first principal component (unit, float64 [width]) and its mean row, from one pass: the Gram
+    matrix of the rows, a chunk at a time, less the mean's outer product."""
+    width = values.shape[1]
+    gram, total = np.zeros((width, width)), np.zeros(width)
+    for t0 in range(0, len(values), ROWS_AT_ONCE):
+        rows = np.asarray(values[t0:t0 + ROWS_AT_ONCE], np.float64)
+        gram += rows.T @ rows
+        total += rows.sum(axis=0)
+    mean = total / len(values)
+    _, vectors = np.linalg.eigh(gram / len(values) - np.outer(mean, mean))
+    return vectors[:, -1], mean
+
+
+def indicator(values, vocabulary, tied):
+    """--json's `table.under_trained`: {"reference": {"how", "count"}, "indicator", "threshold", "candidates":
+    [{"id", "token", "score", "norm"}], "count", "verified": None}, or None where the table is not the unembedding
+    (an untied model's head is another table) or no token is marked unused (nothing to compare with)."""
+    reference = reference_ids(vocabulary)
+    if not tied or len(reference) < 2:
+        return None
+    component, mean = first_component(values)
+    target = np.asarray(values[reference], np.float64) - mean
+    target = (target - np.outer(target @ component, component)).mean(axis=0)  # the reference's mean, component out
+    scores, norms = np.empty(len(values)), np.empty(len(values))
+    for t0 in range(0, len(values), ROWS_AT_ONCE):
+        rows = np.asarray(values[t0:t0 + ROWS_AT_ONCE], np.float64)
+        norms[t0:t0 + len(rows)] = np.linalg.norm(rows, axis=1)
+        rows -= mean
+        along = rows @ component
+        rest = np.sqrt(np.maximum(np.einsum("ij,ij->i", rows, rows) - along ** 2, 0.0))
+        scores[t0:t0 + len(rows)] = (rows @ target - along * (component @ target)) / np.maximum(
+            rest * np.linalg.norm(target), np.finfo(np.float64).tiny)
+    threshold = float(np.percentile(scores[reference], PERCENTILE))
+    marked = np.zeros(len(values), bool)
+    marked[reference] = True
+    passing = np.flatnonzero((scores >= threshold) & ~marked)
+    best = passing[np.argsort(-scores[passing], kind="stable")][:SHOWN]
+    return {"reference": {"how": "tokens the vocabulary marks unused or reserved (<unusedN>, [unusedN], "
+                                 "<|reserved_special_token_N|>)", "count": len(reference)},
+            "indicator": "cosine to the reference rows' mean, the table's first principal component removed "
+                         "(Land & Bartolo 2024)",
+            "threshold": round(threshold, 6), "count": int(len(passing)),
+            "candidates": [{"id": int(t), "token": vocabulary.token(int(t)), "score": round(float(scores[t]), 6),
+                            "norm": round(float(norms[t]), 6)} for t in best],
+            "verified": None}
+
+
+def check(found, tied):
+    """The INFO Check of indicator()'s answer `found`, or of why none was computed."""
+    if found is None:
+        said = ("under-trained: not looked for: the model is not tied, and the indicator reads the head's rows, "
+                "another table" if not tied else
+                "under-trained: not looked for: the vocabulary marks no token unused or reserved, the reference the "
+                "indicator needs")
+    else:
+        said = _line(found)
+    return Check("under_trained", "token table", None, said, info=True, claim=said)
+
+
+def _line(found):
+    first = ", ".join(c["token"] or f"#{c['id']}" for c in found["candidates"][:5]) or "none"
+    return (f"under-trained: {found['count']} tokens reach {found['threshold']:.3f}, the {PERCENTILE}th percentile "
+            f"of {found['reference']['count']} unused tokens' own indicator (cosine to their mean, first principal "
+            f"component out); first: {first}")
