@@ -281,3 +281,18 @@ def test_a_quantized_head_is_no_lost_tie(tjs_folders):
     (entry,) = [v for v in data["across_files"]["vocabulary"] if v["kind"] == "token"]
     assert entry["tie_finding"] is None and entry["quantized_heads"] == [head_rows(onnx.load(
         os.path.join(original, "onnx", "model_q4.onnx")))[1]]
+
+
+def test_a_transformersjs_folder_read_whole_names_each_variants_quantized_copy(tjs_folders):
+    original, _ = tjs_folders
+    said = unwrapped(inspected(original, "--static").stdout)  # every variant: the lines open with its dtype
+    for dtype in ("q4", "q4f16"):
+        assert any(line.startswith(f"{dtype}: transformer.wte.weight (512 x 64 ") and "held again as head" in line
+                   for line in said), dtype
+    assert sum(line.startswith("  fix: --retie OUT --lookup-from-head") for line in said) == 2
+
+
+def test_a_zeroed_row_is_no_step_and_a_change_without_a_scale_is_infinite():
+    from runtime.model.graph.quantized import steps
+    found = steps(np.array([0.0, 1.0, 0.5, 0.0]), np.array([0.0, 0.0, 0.25, -0.5]))  # Gemma's zeroed padding row
+    assert found.tolist() == [0.0, np.inf, 2.0, 0.0]

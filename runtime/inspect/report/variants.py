@@ -61,7 +61,8 @@ def variants_report(folder, found, out, verbose=False):
         for line in verdict_lines(f["result"], failing):
             w(named(f["dtype"], line))
     for f, entry in zip(found, entries):
-        for line in answer.scored(entry["verdict"], folder=True):
+        vocabulary = {v["table"]: v for v in f["result"]["across"]["vocabulary"]}
+        for line in answer.quantized(entry["verdict"], vocabulary, True) + answer.scored(entry["verdict"], True):
             w(named(f["dtype"], line))
     w("")
     w(f"{folder}: {len(found)} dtype variant(s), each a client load of its own; nothing counted across them")

@@ -129,13 +129,13 @@ def head_rows(model, head, table, path):
     values = tensor.values()
     values = values if stored_as_table(table) else values.T  # [vocab, width], a view
     rows = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(table["vocab"], table["width"]))
-    most, steps = 0.0, 0.0
+    most, most_steps = 0.0, 0.0
     for t0, t1 in quantized.chunks(table["vocab"], table["width"]):
         exact, scales = quantized.decoded(model, q, t0, t1)
         rows[t0:t1] = exact.astype(dtype)  # one rounding: the product of a small integer and a scale is exact
         change = np.abs(rows[t0:t1].astype(np.float64) - np.asarray(values[t0:t1], np.float64))
         most = max(most, float(change.max(initial=0.0)))
-        steps = max(steps, float(np.max(change / scales, initial=0.0)))
+        most_steps = max(most_steps, float(np.max(quantized.steps(change, scales), initial=0.0)))
     rows.flush()
     del rows
-    return {"max_row_change": most, "max_row_change_in_steps": round(steps, 4)}
+    return {"max_row_change": most, "max_row_change_in_steps": round(most_steps, 4)}

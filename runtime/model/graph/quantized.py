@@ -164,8 +164,16 @@ def gap(model, values, q, vocab):
         rows = np.asarray(values[t0:t1], np.float64)
         if rows.shape != found[0].shape:
             return None
-        worst = max(worst, float(np.max(np.abs(rows - found[0]) / found[1])))
+        worst = max(worst, float(np.max(steps(np.abs(rows - found[0]), found[1]), initial=0.0)))
     return worst
+
+
+def steps(change, scales):
+    """`change` in units of `scales`, element by element: 0 where both are 0 (a row a quantizer zeroed whole, as
+    Gemma's padding row), inf where only the scale is (no step can make that change), never NaN."""
+    scales = np.abs(scales)
+    out = np.where(change == 0, 0.0, np.inf)
+    return np.divide(change, scales, out=out, where=scales > 0)
 
 
 def gap_between(model, a, b, vocab):
