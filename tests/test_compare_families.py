@@ -126,3 +126,46 @@ def test_without_unused_tokens_no_indicator_and_the_default_rows_say_why(tmp_pat
            "the rows of median, shortest and longest length" in said
     assert "under-trained: not looked for: the vocabulary marks no token unused or reserved" in said
     assert all(len(line) <= 120 for line in done.stdout.splitlines())
+
+
+def encoder(path, vocab=30, positions=20, types=2, width=16):
+    """A BERT-shaped embedding front: word, position and token-type tables looked up by three id inputs and summed;
+    no head (a feature extractor)."""
+    from onnx import TensorProto, helper, numpy_helper, save
+    rng = np.random.default_rng(2)
+    tables = {"word": vocab, "position": positions, "token_type": types}
+    inits = [numpy_helper.from_array(rng.standard_normal((n, width)).astype(np.float32), f"{name}_embeddings")
+             for name, n in tables.items()]
+    inputs = {"word": "input_ids", "position": "position_ids", "token_type": "token_type_ids"}
+    nodes = [helper.make_node("Gather", [f"{name}_embeddings", inputs[name]], [f"{name}_rows"]) for name in tables]
+    nodes += [helper.make_node("Add", ["word_rows", "position_rows"], ["partial"]),
+              helper.make_node("Add", ["partial", "token_type_rows"], ["last_hidden_state"])]
+    graph = helper.make_graph(nodes, "encoder", [helper.make_tensor_value_info(i, TensorProto.INT64, [1, "sequence"])
+                                                 for i in inputs.values()],
+                              [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, None)], inits)
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path / "model.onnx"))
+    (path / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": vocab}))
+    return path / "model.onnx"
+
+
+def test_an_encoders_token_table_is_the_vocabularys_and_it_has_no_head(tmp_path):
+    """all-MiniLM-L6-v2's front: refused before with "3 token tables"; its word table is the one config.json's
+    vocab_size names, the others are named, and no head is claimed."""
+    encoder(tmp_path)
+    done = run_compare("--model", tmp_path, "--query", "3", "--json", "-")
+    found = table_of(done)
+    assert (found["name"], found["vocab_size"], found["tied"], found["head"]) == ("word_embeddings", 30, False, None)
+    line = next(c["detail"] for c in json.loads(done.stdout)["checks"] if c["name"] == "table")
+    assert "no head scores tokens" in line and "token_type_embeddings" in line
+
+
+def test_a_bad_query_is_answered_before_the_table_is_read(tmp_path, monkeypatch, capsys):
+    from runtime.compare import cli
+    from runtime.compare.real import source
+    path, _ = write_gguf(tmp_path / "spm.gguf", "llama", SPM + [f"w{i}" for i in range(40)])
+
+    def never(table):
+        raise AssertionError("the table was read")
+    monkeypatch.setattr(source.Table, "read", never)
+    assert cli.main(["--model", str(path), "--query", " Paris king"]) == 2
+    assert "makes 2 tokens" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from runtime.compare.real import checks, figures, report, untrained
 from runtime.compare.real.lab import Lab
 from runtime.compare.real.pool import ReferencePool
 from runtime.compare.real.rows import Rows
-from runtime.compare.real.source import read_table
+from runtime.compare.real.source import find_table
 from runtime.compare.real.tokens import resolve, vocabulary_of
 from runtime.model.read.text import InspectError, printable
 from runtime.progress import Progress
@@ -38,8 +38,8 @@ def default_queries(vocabulary, lengths):
 
 
 def _header(table, path):
-    vocab, width = table.values.shape
-    tie = "tied" if table.tied else "untied"
+    vocab, width = table.shape
+    tie = "tied" if table.tied else "untied" if table.scored else "no head"
     return (f"embedding-onnx-lab compare --model {printable(path)}\ntable {printable(table.name)}: {vocab} x {width} "
             f"(vocab x width), {table.format} read as float32, {tie}\nonnxruntime {ort.__version__}, onnx "
             f"{onnx.__version__}")  # three lines: a long name or path stays within the report's width
@@ -112,9 +112,11 @@ def run(config):
     say = lambda text: (progress.done(), print(text, file=out, flush=True))
     try:
         progress(f"reading {config.model}")
-        table = read_table(config.model, config.table)
+        table = find_table(config.model, config.table)
         vocabulary = vocabulary_of(table)
         queries = resolve(config.queries, vocabulary, table.vocab) if config.queries else None  # refused before work
+        progress(f"decoding {table.name} ({table.vocab} x {table.width}, {table.format})")
+        table.read()
         with tempfile.TemporaryDirectory(prefix="onnx-lab-compare-model-") as folder:
             lab = Lab(table.values, folder)
             table.values = lab.values  # the decoded copy goes; the data file's map is the table from here on

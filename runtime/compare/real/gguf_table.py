@@ -42,7 +42,7 @@ def gguf_table(path, name=None):
         if name not in tensors:
             raise InspectError(f"{path}: no tensor {name!r} (a GGUF token table is {_TOKEN_TABLE!r})")
         tensor = tensors[name]
-        values = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims fastest first: [width, vocab]
         head = tensors.get(_HEAD)
         tied = head is None or (head.tensor_type == tensor.tensor_type and np.array_equal(head.data, tensor.data))
         tokens = _strings(reader.fields.get("tokenizer.ggml.tokens"))
@@ -55,16 +55,29 @@ def gguf_table(path, name=None):
         raise
     except Exception as e:  # a malformed file: gguf raises whatever its parser meets
         raise InspectError(f"{path}: gguf cannot read it ({type(e).__name__}: {e})") from None
-    if values.ndim != 2 or 0 in values.shape:
-        raise InspectError(f"{path}: {name} is {list(values.shape)}, not a [vocab, width] table")
-    if tokens is not None and len(tokens) != values.shape[0]:
+    if len(shape) != 2 or 0 in shape:
+        raise InspectError(f"{path}: {name} is {list(shape)}, not a [vocab, width] table")
+    if tokens is not None and len(tokens) != shape[0]:
         tokens = None  # a vocabulary of another size names other rows
-    scale = row_scale(architecture, values.shape[1])
-    return Table(model=os.path.abspath(path), name=name, values=np.ascontiguousarray(values), format=fmt,
+    scale = row_scale(architecture, shape[1])
+    return Table(model=os.path.abspath(path), name=name, shape=shape, reader=lambda: _decoded(path, tensor, shape),
+                 format=fmt,
                  bytes=nbytes, tied=bool(tied), head=name if head is None else _HEAD, row_scale=scale,
                  row_scale_is_sqrt_width=None if scale is None else True,
                  folder=os.path.dirname(os.path.abspath(path)), tokens=tokens, merges=merges, tokenizer_model=model,
                  scores=scores, architecture=architecture)
+
+
+def _decoded(path, tensor, shape):
+    """The GGUF tensor dequantized by gguf to float32 [vocab, width]."""
+    import gguf
+    try:
+        values = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+    except Exception as e:  # a malformed tensor: gguf raises whatever its decoder meets
+        raise InspectError(f"{path}: gguf cannot decode {tensor.name} ({type(e).__name__}: {e})") from None
+    if values.shape != shape:
+        raise InspectError(f"{path}: {tensor.name} decodes to {list(values.shape)}, not {list(shape)}")
+    return np.ascontiguousarray(values)
 
 
 SCALED = ("gemma", "gemma2", "gemma3", "gemma3n", "gemma-embedding")  # llama.cpp multiplies these architectures'

@@ -57,9 +57,12 @@ def hubs_line(vocabulary, counts):
 
 def table_lines(table, lengths, vocabulary, longest):
     """INFO Checks: the table's size and tie, what doubling the vocabulary costs, its row lengths, its row scale."""
-    vocab, width = table.values.shape
+    vocab, width = table.shape
     doubled = doubled_bytes(table)
-    tie = f"tied (the head reads {table.head})" if table.tied else "not tied: the head is another table"
+    tie = f"tied (the head reads {table.head})" if table.tied else "not tied: the head is another table" \
+        if table.scored else "no head scores tokens (an encoder or feature extractor)"
+    if table.others:  # the model's other token tables (position, token type), named, not chosen
+        tie += f"; other token tables, not the vocabulary's rows: {', '.join(table.others)}"
     lines = [(f"{vocab} x {width} = {embed.param_count(vocab, width)} values, {table.bytes} bytes as stored "
               f"({table.format}); {tie}"),
              (f"doubling the vocabulary: {doubled['tied_bytes']} bytes tied, {doubled['untied_bytes']} untied (values "
@@ -87,7 +90,7 @@ def row_scale_words(table):
 def doubled_bytes(table):
     """{tied_bytes, untied_bytes} of this table's format at twice its vocabulary: embed.table_bytes where the format is
     one of embed's float formats, else its bytes a row doubled."""
-    vocab, width = table.values.shape
+    vocab, width = table.shape
     if table.format in ("float32", "float16", "bfloat16"):
         return {"tied_bytes": embed.table_bytes(2 * vocab, width, table.format),
                 "untied_bytes": embed.table_bytes(2 * vocab, width, table.format, tied=False)}
@@ -104,7 +107,7 @@ EXAMPLES = 5  # self-score examples and hub rows --json lists
 def table_json(table, vocabulary, lengths, longest, lists, found, counts):
     """--json's `table` (SPEC, 'The lab on a real model')."""
     most = EXAMPLES
-    vocab, width = table.values.shape
+    vocab, width = table.shape
     examples = [_token(vocabulary, t, norm=float(lengths[t]), led_by=_token(vocabulary, top, norm=float(lengths[top])))
                 for t, top in zip(found["tokens"], found["top"]) if t != top][:most]
     order = sorted(range(len(counts["dot"])), key=lambda t: (-counts["dot"][t], t))[:most]

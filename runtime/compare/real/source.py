@@ -18,6 +18,7 @@ from runtime.model.read import paths
 from runtime.model.read.layout import client_files, variants
 from runtime.model.read.model import FLOATS, load
 from runtime.model.read.text import InspectError
+from runtime.compare.real.tokens import vocabulary_size
 
 _ROWS_AT_ONCE = 2**22  # values decoded a block of rows at a time
 
@@ -25,12 +26,14 @@ _ROWS_AT_ONCE = 2**22  # values decoded a block of rows at a time
 @dataclass
 class Table:
     """A model's token table as compare --model reads it. `values` float32 [vocab, width] (a memory map where the
-    model's own float32 bytes could be read in place); `tied` inspect's finding (a head reads the same values);
-    `folder` where the tokenizer is looked for; `tokens` / `merges` / `tokenizer_model` / `scores`: a GGUF file's vocabulary; `architecture` its
-    general.architecture."""
+    model's own float32 bytes could be read in place), None until read() decodes it (`shape` is known before: a
+    query is checked against the vocabulary before the table is read); `tied` inspect's finding (a head reads the
+    same values), `scored` whether any head scores tokens with a table of its size (none: an encoder);
+    `others` the other token tables, not chosen; `folder` where the tokenizer is looked for; `tokens` / `merges` /
+    `tokenizer_model` / `scores`: a GGUF file's vocabulary; `architecture` its general.architecture."""
     model: str
     name: str
-    values: np.ndarray
+    shape: tuple
     format: str
     bytes: int
     tied: bool
@@ -43,19 +46,38 @@ class Table:
     tokenizer_model: str | None = None
     scores: list | None = field(default=None, repr=False)
     architecture: str | None = None
+    scored: bool = True
+    others: list = field(default_factory=list)
+    reader: object = field(default=None, repr=False)
+    values: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def vocab(self):
-        return self.values.shape[0]
+        return self.shape[0]
 
     @property
     def width(self):
-        return self.values.shape[1]
+        return self.shape[1]
+
+    def read(self):
+        """Decode the table (once): its values, float32 [vocab, width]."""
+        if self.values is None:
+            self.values = self.reader()
+            self.reader = None
+        return self.values
 
 
 def read_table(path, name=None):
-    """The Table of the model at `path` (an ONNX file or folder, or a GGUF file); `name` picks a token table where
-    the model has several. InspectError (one line) for anything that is not a readable model with a token table."""
+    """find_table's Table, its values decoded."""
+    table = find_table(path, name)
+    table.read()
+    return table
+
+
+def find_table(path, name=None):
+    """The Table of the model at `path` (an ONNX file or folder, or a GGUF file), its values not yet decoded; `name`
+    picks a token table where the model has several (else the one whose rows match the vocabulary's size).
+    InspectError (one line) for anything that is not a readable model with a token table."""
     if not os.path.lexists(path):
         raise InspectError(f"{path}: no such file or folder")
     if os.path.isfile(path) and _is_gguf(path):
@@ -105,7 +127,7 @@ def _onnx_table(path, name):
         raise InspectError(f"{path}: no token table: nothing looks rows up by token id (a Gather, "
                            "GatherBlockQuantized or OneHot product on ids)")
     if name is None and len(names) > 1:
-        raise InspectError(f"{path}: {len(names)} token tables ({', '.join(names)}); pick one with --table")
+        name = _of_vocabulary(path, folder, groups, names)
     group = next((g for g in groups if name in (None, g["table"])), None)
     if group is None:
         raise InspectError(f"--table {name}: not a token table of {path} (its token tables: {', '.join(names)})")
@@ -115,10 +137,26 @@ def _onnx_table(path, name):
     vocabulary = next(v for v in item["info"]["vocabulary"] if v["table"] == entry["initializer"])
     heads = [e["initializer"] for _, e, role in group["members"] if role == "head"]
     head = heads[0] if heads else (entry["initializer"] if group["tied"] else None)
-    return Table(model=item["model"].path, name=entry["initializer"], values=decode(item["model"], entry, quant),
+    scored = group["tied"] or any(h["vocab"] == entry["vocab"] for it in items for h in it["info"]["heads"])
+    model = item["model"]
+    return Table(model=model.path, name=entry["initializer"], shape=(entry["vocab"], entry["width"]),
                  format=entry["format"], bytes=entry["bytes"], tied=group["tied"], head=head,
                  row_scale=vocabulary["row_scale"], row_scale_is_sqrt_width=vocabulary["row_scale_is_sqrt_width"],
-                 folder=folder)
+                 folder=folder, scored=scored, others=[n for n in names if n != entry["initializer"]],
+                 reader=lambda: decode(model, entry, quant))
+
+
+def _of_vocabulary(path, folder, groups, names):
+    """Of several token tables, the one whose rows match the vocabulary's size (tokenizer.json's, or config.json's
+    vocab_size): a BERT's word table beside its position and token-type tables; InspectError where none or several
+    do."""
+    size = vocabulary_size(folder)
+    matching = [g["table"] for g in groups if g["vocab_size"] == size]
+    if size is not None and len(set(matching)) == 1:
+        return matching[0]
+    said = f"none has the vocabulary's {size} rows" if size is not None else "no tokenizer.json or config.json says " \
+        "the vocabulary's size"
+    raise InspectError(f"{path}: {len(names)} token tables ({', '.join(names)}) and {said}; pick one with --table")
 
 
 def decode(model, entry, q=None):

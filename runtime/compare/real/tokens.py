@@ -65,9 +65,9 @@ def _tokenizer_json(folder):
     return None
 
 
-def _strings_of(data, vocab_size):
-    """[token string or None] * vocab_size from a parsed tokenizer.json: the model's vocab and the added tokens."""
-    strings = [None] * vocab_size
+def _pairs(data):
+    """(token, id) of a parsed tokenizer.json: its model's vocab (a map, or Unigram's [token, score] list) and its
+    added tokens; entries of another shape skipped."""
     model = data.get("model") if isinstance(data, dict) else None
     vocab = model.get("vocab") if isinstance(model, dict) else None
     pairs = vocab.items() if isinstance(vocab, dict) else (
@@ -75,10 +75,38 @@ def _strings_of(data, vocab_size):
     added = data.get("added_tokens") if isinstance(data, dict) else None
     pairs = list(pairs) + [(a.get("content"), a.get("id")) for a in (added if isinstance(added, list) else [])
                            if isinstance(a, dict)]
-    for token, token_id in pairs:
-        if isinstance(token, str) and isinstance(token_id, int) and 0 <= token_id < vocab_size:
+    return [(t, i) for t, i in pairs if isinstance(t, str) and isinstance(i, int) and not isinstance(i, bool)]
+
+
+def _strings_of(data, vocab_size):
+    """[token string or None] * vocab_size from a parsed tokenizer.json: the model's vocab and the added tokens."""
+    strings = [None] * vocab_size
+    for token, token_id in _pairs(data):
+        if 0 <= token_id < vocab_size:
             strings[token_id] = token
     return strings
+
+
+def vocabulary_size(folder):
+    """The vocabulary's size as the files beside a model say it: config.json's vocab_size (or its text_config's),
+    else tokenizer.json's ids (its vocab and added tokens, the highest id + 1); None where neither does."""
+    for where in (folder, os.path.dirname(folder)):
+        try:
+            config = json.loads(sidecars.read(os.path.join(where, "config.json"), "config.json") or b"null")
+        except (ValueError, RecursionError):
+            config = None
+        for section in (config, config.get("text_config")) if isinstance(config, dict) else ():
+            size = section.get("vocab_size") if isinstance(section, dict) else None
+            if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+                return size
+    path = _tokenizer_json(folder)
+    raw = sidecars.read(path, TOKENIZER, TOKENIZER_MOST) if path else None
+    try:
+        data = json.loads(raw) if raw else None
+    except (ValueError, RecursionError):
+        return None
+    ids = [i for _, i in _pairs(data) if i >= 0]
+    return max(ids) + 1 if ids else None
 
 
 def vocabulary_of(table):
