@@ -13,7 +13,12 @@ from tests.test_compare_model import run_compare
 
 gguf = pytest.importorskip("gguf")
 
-SPM = ["<unk>", "<s>", "</s>", "▁Paris", "▁P", "ar", "is", "▁king", "▁water", "Paris", "▁"]
+# a SentencePiece vocabulary as Gemma's GGUF scores it: minus each piece's rank, so that a Unigram (the sum of the
+# pieces' scores) would split " Paris" into ▁P, ar, is, where llama.cpp merges pairs by the joined piece's score
+SPM = ["<unk>", "<s>", "</s>", "▁", "P", "a", "r", "i", "s", "k", "n", "g", "w", "t", "e", "is", "ar", "▁P", "in",
+       "▁k", "▁Par", "▁kin", "▁king", "▁Paris", "Paris", "Par"]
+SPM_SCORES = [0, 0, 0] + [-1000 - i for i in range(3, 15)] + [-17, -22, -99, -30, -120, -300, -400, -500, -8585,
+                                                              -9000, -9500]
 
 
 def write_gguf(path, architecture, tokens, model="llama", table=None, width=16, scores=None):
@@ -40,11 +45,11 @@ def table_of(done):
 
 def test_a_sentencepiece_gguf_takes_a_text_and_a_tokens_own_string(tmp_path):
     tokens = SPM + [f"w{i}" for i in range(40)]
-    path, _ = write_gguf(tmp_path / "spm.gguf", "llama", tokens, scores=[0, 0, 0, -1, -5, -5, -5, -2, -2, -3, -6]
-                         + [-9] * 40)
-    for query in (" Paris", "▁Paris", "3"):  # a text, the token's exact string, its id: one token, id 3
+    path, _ = write_gguf(tmp_path / "spm.gguf", "llama", tokens, scores=SPM_SCORES + [-20000] * 40)
+    paris = SPM.index("▁Paris")
+    for query in (" Paris", "▁Paris", str(paris)):  # a text, the token's exact string, its id: one token
         found = table_of(run_compare("--model", path, "--query", query, "--json", "-"))
-        assert [q["id"] for q in found["queries"]] == [3] and found["queries"][0]["token"] == "▁Paris", query
+        assert [q["id"] for q in found["queries"]] == [paris] and found["queries"][0]["token"] == "▁Paris", query
     assert found["row_scale"] is None  # llama.cpp reads llama's rows as stored
     done = run_compare("--model", path, "--query", " Paris king")
     assert refused(done, "makes 2 tokens", "▁Paris", "▁king")

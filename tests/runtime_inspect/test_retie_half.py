@@ -249,3 +249,40 @@ def test_a_float16_model_the_cpu_provider_fails_inside_its_own_cast_is_refused_f
     assert "{1,1,576} != {1,5,576}" in line and "onnxruntime-genai issue 2009" in line and "--proof-past" not in line
     other = proof.refused("1 new token after past 4", RuntimeError("Invalid rank for input: past_key_values.0.key"))
     assert other.endswith("Invalid rank for input: past_key_values.0.key (--proof-past N sets the past length)")
+
+
+# --- a float16 model's other weights, widened by the CPU provider (issue 57) ----------------------------------------
+
+def float16_others(path, table):
+    """The float16 matrices of the model at `path` other than `table`: the weights the CPU provider widens."""
+    return [t for t in onnx.load(path).graph.initializer
+            if t.data_type == TensorProto.FLOAT16 and len(t.dims) == 2 and t.name != table]
+
+
+def test_a_float16_models_widened_weights_are_one_line_and_listed_under_verbose():
+    """A 30-layer float16 export printed one "runtime copy FusedBack_..." line for each of 212 weights (443 lines);
+    they hold no table's values: one line with their count and bytes, --verbose lists them."""
+    from runtime.model.findings.counting import human
+    path = model_in("genai_fp16")
+    others = float16_others(path, "lm_head.MatMul.weight")
+    widened = sum(4 * int(np.prod(t.dims)) for t in others)  # each held as float32
+    said = unwrapped(run_inspect(path).stdout)
+    (line,) = [line for line in said if line.startswith("runtime copies of other weights")]
+    assert line.startswith(f"runtime copies of other weights: {len(others)}, {human(widened)}, added by")
+    assert [line for line in said if line.startswith("runtime copy FusedBack_")] == [
+        "runtime copy FusedBack_lm_head.MatMul.weight [64, 512]: 128.0 KiB added by onnxruntime's optimizations = "
+        "lm_head.MatMul.weight widened"]  # the table's own widening stays named
+    verbose = run_inspect(path, "--verbose").stdout  # the layers' weights and the sin / cos caches
+    assert verbose.count("runtime copy FusedBack_") == len(others) + 1
+
+
+def test_the_memory_ratio_counts_the_other_weights_as_widened():
+    """Every float16 form's memory line said 7.11x the table beyond the other weights: the others' float32
+    widenings were counted as copies of the table. widened_others gives what they add beyond their stored bytes."""
+    from runtime.model.findings.copies import widened_others
+    from runtime.model.read.model import load
+    path = model_in("genai_fp16")
+    data = findings(path)
+    others = float16_others(path, "lm_head.MatMul.weight")
+    added = widened_others(load(path), data["runtime_copies"], {"lm_head.MatMul.weight"})
+    assert added == sum(2 * int(np.prod(t.dims)) for t in others)  # float32's 4 bytes where float16 stored 2

@@ -157,10 +157,20 @@ def _byte_level_bpe(library, table):
 
 
 def _sentencepiece(library, table):
-    scores = table.scores if table.scores and len(table.scores) == len(table.tokens) else [0.0] * len(table.tokens)
-    unknown = next((i for i, t in enumerate(table.tokens) if t in ("<unk>", "[UNK]")), 0)
-    tokenizer = library.Tokenizer(library.models.Unigram([(t, float(s)) for t, s in zip(table.tokens, scores)],
-                                                         unk_id=unknown, byte_fallback=False))
+    """llama.cpp's SentencePiece tokenizer: the text's spaces made `▁`, then, from its characters, the adjacent pair
+    whose joined piece has the highest score merged first, again and again (its scores rank merges: Gemma's are
+    minus the rank, not a Unigram's log-probabilities, which would split ` Paris` into ▁P, ar, is). A BPE whose
+    merges are every split of every piece into two pieces of the vocabulary, by the joined piece's score."""
+    tokens = table.tokens
+    scores = table.scores if table.scores and len(table.scores) == len(tokens) else [-i for i in range(len(tokens))]
+    vocab = {token: i for i, token in reversed(list(enumerate(tokens)))}
+    merges = sorted(((scores[i], vocab[token[:k]], vocab[token[k:]], token[:k], token[k:])
+                     for token, i in vocab.items() for k in range(1, len(token))
+                     if token[:k] in vocab and token[k:] in vocab), key=lambda m: (-m[0], m[1], m[2]))
+    unknown = next((t for t in ("<unk>", "[UNK]") if t in vocab), None)
+    tokenizer = library.Tokenizer(library.models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges],
+                                                     unk_token=unknown, fuse_unk=True,
+                                                     byte_fallback="<0x00>" in vocab))
     tokenizer.normalizer = library.normalizers.Replace(" ", "\u2581")  # SentencePiece's space, kept where it stands
     return tokenizer
 

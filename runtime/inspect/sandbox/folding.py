@@ -29,8 +29,7 @@ def made_at_load(proto, sizes):
     return sizes is None
 
 
-WIDENED = "FusedBack_"  # onnxruntime's FuseInitializersTransformer: the float32 copy of a half-precision weight
-# the CPU provider's inserted Cast read, named "FusedBack_" + the weight's name (a suffix added if that is taken)
+from runtime.model.findings.copies import WIDENED  # noqa: E402  (the name onnxruntime gives its widenings)
 
 
 def _widening(name, dims, halves):

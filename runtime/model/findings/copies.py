@@ -7,6 +7,23 @@ from onnx import TensorProto
 from runtime.model.findings.relations import BYTES_AT_ONCE, same_bytes, same_values
 from runtime.resident import unscoped
 
+WIDENED = "FusedBack_"  # onnxruntime's FuseInitializersTransformer: the float32 copy of a half-precision weight
+# the CPU provider's inserted Cast read, named "FusedBack_" + the weight's name (a suffix added if that is taken)
+
+
+def widened_others(model, copies, stored):
+    """The bytes the CPU provider's float32 widenings of the weights other than `stored` (a table's own tensors)
+    add beyond those weights as stored: each widening (a runtime copy named WIDENED + the weight's name, holding no
+    table's values) replaces its half-precision weight in the session, so the other weights are held at twice
+    their stored bytes where they are widened."""
+    added = 0
+    for c in copies or []:
+        name = c["name"][len(WIDENED):] if c["name"].startswith(WIDENED) else None
+        if name is None or c.get("copy_of") or name in stored or name not in model.tensors:
+            continue
+        added += c["bytes"] - model.tensors[name].nbytes
+    return added
+
 
 def runtime_copies(model, optimized, watched, folded=None):
     """Initializers the optimized model holds that `model` does not, in its main graph and in every subgraph (an

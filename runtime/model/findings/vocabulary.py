@@ -1,5 +1,6 @@
 """The vocabulary entries: one per table a lookup reads, with its size, tie, share and the copies a session holds."""
 from runtime.model.findings import shares
+from runtime.model.findings.copies import widened_others
 from runtime.resident import scoped
 
 
@@ -33,8 +34,9 @@ def vocabulary(model, tables, heads, pairs, copies, held, version):
         quantized_head = next((p for p in mine if p["relation"] == "quantized_copy"), None)
         folded = [copy_key(c) for c in copies if c.get("copy_of") in stored and c.get("view") != "prepacked"]
         stored_bytes = sum(model.tensors[n].nbytes for n in stored)
-        memory = held(sorted(stored) + folded, table["bytes"], total_bytes - stored_bytes - (
-            table["bytes"] - model.tensors[table["initializer"]].nbytes))  # the table's scales are its bytes too
+        others = total_bytes - stored_bytes - (table["bytes"] - model.tensors[table["initializer"]].nbytes)  # the
+        # table's scales are its bytes too; the other weights as the session holds them (widened where it widens)
+        memory = held(sorted(stored) + folded, table["bytes"], others + widened_others(model, copies, stored))
         entries.append({"table": table["initializer"], "graph": table.get("graph", "main"),
                         "vocab_size": table["vocab"], "width": table["width"],
                         "format": table["format"], "bytes": table["bytes"], "tied": tie is not None,
