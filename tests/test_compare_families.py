@@ -174,3 +174,29 @@ def test_a_bad_query_is_answered_before_the_table_is_read(tmp_path, monkeypatch,
     monkeypatch.setattr(source.Table, "read", never)
     assert cli.main(["--model", str(path), "--query", " Paris king"]) == 2
     assert "makes 2 tokens" in capsys.readouterr().err
+
+
+def test_a_damaged_gguf_header_is_one_line_never_a_traceback(tmp_path):
+    """gguf_header reads untrusted bytes: every truncation and 300 single-byte changes of a small file's header give
+    a Table or an InspectError, never another exception (or a hang: each length is checked against the file)."""
+    from runtime.compare.real.source import find_table
+    from runtime.model.read.text import InspectError
+    path, _ = write_gguf(tmp_path / "ok.gguf", "gemma3", SPM + [f"w{i}" for i in range(40)],
+                         scores=SPM_SCORES + [-20000] * 40)
+    good = path.read_bytes()
+    header = good.index(b"token_embd.weight") + 64  # the metadata and the tensor infos, a little past them
+    rng = np.random.default_rng(0)
+    damaged = [good[:n] for n in range(0, header, 7)]
+    for at, value in zip(rng.integers(0, header, 300), rng.integers(0, 256, 300)):
+        damaged.append(good[:at] + bytes([value]) + good[at + 1:])
+    outcomes = {"read": 0, "refused": 0}
+    for number, data in enumerate(damaged):
+        bad = tmp_path / f"bad{number}.gguf"
+        bad.write_bytes(data)
+        try:
+            find_table(str(bad)).read()
+            outcomes["read"] += 1
+        except InspectError:
+            outcomes["refused"] += 1
+        bad.unlink()
+    assert outcomes["refused"] >= len(range(0, header, 7)) - 1 and sum(outcomes.values()) == len(damaged)

@@ -5,79 +5,85 @@ import os
 import numpy as np
 
 from runtime.model.read.text import InspectError
+from runtime.compare.real.gguf_header import read_header
 
 _TOKEN_TABLE, _HEAD = "token_embd.weight", "output.weight"
 
 
-def _strings(field):
-    """A GGUF string array field as Python strings (None when absent)."""
-    if field is None:
-        return None
-    return [bytes(field.parts[i]).decode("utf-8", "replace") for i in field.data]
-
-
-def _floats(field):
-    """A GGUF float array field as Python floats (None when absent)."""
-    if field is None:
-        return None
-    return [float(field.parts[i][0]) for i in field.data]
-
-
-def _string(field):
-    return None if field is None else bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
+_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.model", "tokenizer.ggml.scores",
+         "general.architecture")
 
 
 def gguf_table(path, name=None):
-    """runtime.compare.real.source.Table of the GGUF file at `path`, dequantized by gguf to float32."""
+    """runtime.compare.real.source.Table of the GGUF file at `path`, its header read by gguf_header, its values
+    decoded by the gguf package (to float32) when the Table is read."""
     try:
         import gguf
     except ImportError:
         raise InspectError(f"{path}: a GGUF file; reading it needs the optional gguf package "
                            "(./lab_env/python -m pip install gguf)") from None
     from runtime.compare.real.source import Table
-    try:
-        reader = gguf.GGUFReader(path, "r")
-        tensors = {t.name: t for t in reader.tensors}
-        name = name or _TOKEN_TABLE
-        if name not in tensors:
-            raise InspectError(f"{path}: no tensor {name!r} (a GGUF token table is {_TOKEN_TABLE!r})")
-        tensor = tensors[name]
-        shape = tuple(int(d) for d in reversed(tensor.shape))  # GGUF lists dims fastest first: [width, vocab]
-        head = tensors.get(_HEAD)
-        tied = head is None or (head.tensor_type == tensor.tensor_type and np.array_equal(head.data, tensor.data))
-        tokens = _strings(reader.fields.get("tokenizer.ggml.tokens"))
-        merges = _strings(reader.fields.get("tokenizer.ggml.merges"))
-        model = _string(reader.fields.get("tokenizer.ggml.model"))
-        scores = _floats(reader.fields.get("tokenizer.ggml.scores"))
-        architecture = _string(reader.fields.get("general.architecture"))
-        fmt, nbytes = tensor.tensor_type.name, int(tensor.n_bytes)
-    except InspectError:
-        raise
-    except Exception as e:  # a malformed file: gguf raises whatever its parser meets
-        raise InspectError(f"{path}: gguf cannot read it ({type(e).__name__}: {e})") from None
+    found, infos = read_header(path, _KEYS)
+    tensors = {t.name: t for t in infos}
+    name = name or _TOKEN_TABLE
+    if name not in tensors:
+        raise InspectError(f"{path}: no tensor {name!r} (a GGUF token table is {_TOKEN_TABLE!r})")
+    tensor = tensors[name]
+    shape = tuple(reversed(tensor.dims))  # GGUF lists dims fastest first: [width, vocab]
     if len(shape) != 2 or 0 in shape:
         raise InspectError(f"{path}: {name} is {list(shape)}, not a [vocab, width] table")
+    raw = _stored(path, tensor, shape, gguf)
+    head = tensors.get(_HEAD)
+    tied = head is None or (head.ggml_type == tensor.ggml_type and head.dims == tensor.dims and
+                            np.array_equal(_stored(path, head, shape, gguf), raw))
+    tokens = _texts(found.get("tokenizer.ggml.tokens"))
     if tokens is not None and len(tokens) != shape[0]:
         tokens = None  # a vocabulary of another size names other rows
+    architecture = found.get("general.architecture")
+    architecture = architecture if isinstance(architecture, str) else None
     scale = row_scale(architecture, shape[1])
-    return Table(model=os.path.abspath(path), name=name, shape=shape, reader=lambda: _decoded(path, tensor, shape),
-                 format=fmt,
-                 bytes=nbytes, tied=bool(tied), head=name if head is None else _HEAD, row_scale=scale,
+    scores = found.get("tokenizer.ggml.scores")
+    model = found.get("tokenizer.ggml.model")
+    return Table(model=os.path.abspath(path), name=name, shape=shape, reader=lambda: _decoded(path, raw, tensor, gguf),
+                 format=gguf.GGMLQuantizationType(tensor.ggml_type).name, bytes=int(raw.nbytes), tied=bool(tied),
+                 head=name if head is None else _HEAD, row_scale=scale,
                  row_scale_is_sqrt_width=None if scale is None else True,
-                 folder=os.path.dirname(os.path.abspath(path)), tokens=tokens, merges=merges, tokenizer_model=model,
-                 scores=scores, architecture=architecture)
+                 folder=os.path.dirname(os.path.abspath(path)), tokens=tokens,
+                 merges=_texts(found.get("tokenizer.ggml.merges")),
+                 tokenizer_model=model if isinstance(model, str) else None,
+                 scores=scores if isinstance(scores, list) and all(isinstance(v, float) for v in scores) else None,
+                 architecture=architecture)
 
 
-def _decoded(path, tensor, shape):
-    """The GGUF tensor dequantized by gguf to float32 [vocab, width]."""
-    import gguf
+def _texts(value):
+    """A metadata value that should be a list of strings, or None."""
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
+
+
+def _stored(path, tensor, shape, gguf):
+    """The tensor's bytes as they lie in the file, mapped: [vocab, bytes a row] (uint8), checked to lie inside it."""
     try:
-        values = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+        kind = gguf.GGMLQuantizationType(tensor.ggml_type)
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+    except (ValueError, KeyError):
+        raise InspectError(f"{path}: {tensor.name} has ggml type {tensor.ggml_type}, not one gguf decodes") from None
+    if shape[1] % block:
+        raise InspectError(f"{path}: {tensor.name}'s rows of {shape[1]} are not whole blocks of {block}")
+    row = shape[1] // block * size
+    if tensor.offset + shape[0] * row > os.path.getsize(path):
+        raise InspectError(f"{path}: {tensor.name} runs past the end of the file")
+    return np.memmap(path, np.uint8, "r", offset=tensor.offset, shape=(shape[0], row))
+
+
+def _decoded(path, raw, tensor, gguf):
+    """The tensor dequantized by gguf to float32 [vocab, width]."""
+    kind = gguf.GGMLQuantizationType(tensor.ggml_type)
+    data = {"F32": np.float32, "F16": np.float16}.get(kind.name)
+    try:
+        values = np.asarray(gguf.quants.dequantize(raw.view(data) if data else raw, kind), np.float32)
     except Exception as e:  # a malformed tensor: gguf raises whatever its decoder meets
         raise InspectError(f"{path}: gguf cannot decode {tensor.name} ({type(e).__name__}: {e})") from None
-    if values.shape != shape:
-        raise InspectError(f"{path}: {tensor.name} decodes to {list(values.shape)}, not {list(shape)}")
-    return np.ascontiguousarray(values)
+    return np.ascontiguousarray(values.reshape(raw.shape[0], -1))
 
 
 SCALED = ("gemma", "gemma2", "gemma3", "gemma3n", "gemma-embedding")  # llama.cpp multiplies these architectures'
