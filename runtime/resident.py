@@ -135,7 +135,7 @@ def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=pro
     data (runner.writing: written through the page cache, which no process's resident set counts)."""
     import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
 
-    from runtime.runner import data_thrown_away, read_data_from, writing
+    from runtime.runner import data_thrown_away, read_data_from, spelled, writing
     _warm()
     let_go()  # what glibc kept of earlier work is not counted against the sessions
     before, peaks = measure(), _reset_peak()
@@ -144,8 +144,8 @@ def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=pro
         layout, data = (written + [None, False])[:2]
         settings = read_data_from(options(prepacking), data_folder)
         with data_thrown_away(layout) if layout and not data else contextlib.nullcontext():
-            sessions.append(ort.InferenceSession(model, writing(settings, layout) if layout else settings,
-                                                 providers=["CPUExecutionProvider"],
+            settings = writing(settings, layout) if layout else settings
+            sessions.append(ort.InferenceSession(spelled(model, settings), settings, providers=["CPUExecutionProvider"],
                                                  disabled_optimizers=set(disabled_optimizers)))
         sessions[-1].run(None, feeds)
     peak = _kib("/proc/self/status", ("VmHWM",)).get("VmHWM") if peaks else None

@@ -254,8 +254,29 @@ def open_session(model, options=None, disabled_optimizers=()):
     `options` are given; `disabled_optimizers` names graph transformers to skip (e.g. "ConstantFolding")."""
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else \
         model if isinstance(model, bytes) else os.fspath(model)
-    return ort.InferenceSession(source, options or session_options(), providers=["CPUExecutionProvider"],
+    options = options or session_options()
+    return ort.InferenceSession(spelled(source, options), options, providers=["CPUExecutionProvider"],
                                 disabled_optimizers=set(disabled_optimizers))
+
+
+def spelled(source, options):
+    """`source` (a path or a serialized model) as onnxruntime can take it: a path no UTF-8 spells (a file name of
+    undecodable bytes, surrogate-escaped by os.fsdecode) is read here and given as bytes, `options` then told to
+    read its external data from the file's own folder; onnxruntime's Python binding takes str paths as UTF-8 only."""
+    if not isinstance(source, str) or _utf8(source):
+        return source
+    read_data_from(options, os.path.dirname(source))
+    with open(source, "rb") as f:
+        return f.read()
+
+
+def _utf8(text):
+    """Whether `text` encodes as UTF-8 (a file name os.fsdecode made of undecodable bytes does not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def bind(session, inputs, names, arrays):

@@ -389,3 +389,22 @@ def test_a_change_in_bytes_or_memory_reads_as_its_sign_says():
                             "below)\n") and "+-" not in said[1]
     _say_memory([was], {"defaults": figures(0.4)}, said.append)  # --retie measures the defaults alone
     assert said[2].endswith("+0.4 MiB Pss after a run of each (was -1.7)\n")
+
+
+def test_a_file_name_no_utf8_spells_is_retied(tmp_path):
+    """A folder holding a file whose name is not UTF-8 (b'second_\\xff.onnx'): --retie exited 1 with pybind11's
+    "incompatible constructor arguments" (the name's surrogate-escaped text given to onnxruntime). Now both files
+    are retied and proven, the odd name kept, and the one table stored once."""
+    import shutil
+    from tests.helpers import FIXTURES
+    folder = tmp_path / "m"
+    folder.mkdir()
+    source = os.path.join(FIXTURES, "torchscript_tied.onnx")
+    shutil.copy(source, folder / "model.onnx")
+    shutil.copy(source, os.fsencode(folder) + b"/second_\xff.onnx")
+    done = run_inspect(folder, "--retie", tmp_path / "out")
+    assert done.returncode == 0 and "incompatible" not in done.stdout + done.stderr, done.stdout + done.stderr
+    names = sorted(os.listdir(os.fsencode(tmp_path / "out")))
+    assert names == [b"model.data", b"model.onnx", b"second_\xff.onnx"]
+    model = onnx.load(os.fsdecode(os.fsencode(tmp_path / "out") + b"/second_\xff.onnx"), load_external_data=False)
+    assert any(n.op_type == "Gemm" for n in model.graph.node)  # its head retied: read from the one table
