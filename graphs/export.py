@@ -6,7 +6,8 @@ from embed import FORMATS, OneLineParser, UsageError, check_fits, run_cli  # arg
 from graphs.precision import ACCURACY_LEVELS
 from graphs import serve
 from graphs.builders import gather_lookup, neighbors, onehot_lookup, scaled_lookup, tied_logits, untied_logits
-from graphs.storage import check_folder, data_path, save
+from graphs.outputs import check_folder
+from graphs.storage import data_path, save
 from graphs.table import make_table
 
 MIN_VOCAB = 2  # the neighbours graphs rank the tokens other than a query: there must be one (compare says the same)

@@ -12,7 +12,8 @@ import numpy as np
 import onnx
 
 from graphs.arrays import prefetch, release, write_array
-from graphs.storage import ALIGN, ALIGN_FROM, is_large, umask, without_large_tensors
+from graphs.outputs import umask
+from graphs.storage import ALIGN, ALIGN_FROM, is_large, without_large_tensors
 
 
 def save_together(models, folder, data_name="model.data", min_external_bytes=1024, chunk_bytes=None, then=None):

@@ -9,7 +9,7 @@ import time
 import onnx
 import pytest
 
-from graphs.storage import umask, write_text
+from graphs.outputs import umask, write_text
 from tests.helpers import ROOT, one_line_error
 
 

@@ -57,3 +57,89 @@ def test_structure_functions_within_bounds():
     found = [f for path in python_files() for f in oversized(path)]
     assert not found, (f"{len(found)} function(s) past {MAX_LINES} lines or {MAX_PARAMS} parameters:\n"
                        + "\n".join(found))
+
+
+MAX_MODULE_LINES = 300  # a module past this has more than one job: split it by what each part does
+
+
+def test_structure_modules_within_bounds():
+    found = [f"{os.path.relpath(p, ROOT)}: {n} lines" for p in python_files()
+             if (n := sum(1 for _ in open(p, encoding="utf-8"))) > MAX_MODULE_LINES]
+    assert not found, f"module(s) past {MAX_MODULE_LINES} lines:\n" + "\n".join(found)
+
+
+def module_name(path):
+    """graphs/storage.py -> graphs.storage; a package's __init__.py -> the package."""
+    name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    return name[:-len(".__init__")] if name.endswith(".__init__") else name
+
+
+def imported(path, modules):
+    """The project's modules `path` imports anywhere in it (a lazy import inside a function too): `from a.b import
+    c` names a.b.c where that is a module, else a.b."""
+    name = module_name(path)
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), filename=path)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def circles(graph):
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    part = []
+                    while True:
+                        member = stack.pop()
+                        on.discard(member)
+                        part.append(member)
+                        if member == node:
+                            break
+                    if len(part) > 1:
+                        found.append(sorted(part))
+            elif step not in index:
+                index[step] = low[step] = counter[0]
+                counter[0] += 1
+                stack.append(step)
+                on.add(step)
+                work.append((step, iter(sorted(graph[step]))))
+            elif step in on:
+                low[node] = min(low[node], index[step])
+    return found
+
+
+def test_structure_finds_an_import_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_structure_no_import_circle_lazy_imports_included():
+    paths = list(python_files())
+    modules = {module_name(p) for p in paths}
+    graph = {module_name(p): imported(p, modules) for p in paths}
+    found = circles(graph)
+    assert not found, "modules that import each other (a lazy import hides, not breaks, a circle):\n" + \
+        "\n".join(" <-> ".join(c) for c in found)

@@ -12,7 +12,7 @@ import onnxruntime as ort
 
 import embed
 from embed import OneLineParser  # argparse with one-line errors, exit 2
-from graphs.storage import check_output, write_text
+from graphs.outputs import check_output, write_text
 from runtime.bench import markdown, page
 from runtime.bench.formats import bench_formats
 from runtime.bench.head import bench_floor, bench_head

@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 from runtime.bench import page
-from runtime.bench.scale import measure
+from runtime.bench.measure import measure
 from runtime.model.read import layout, sidecars
 
 TARGETS = {"inspect": (2.5, 1.3), "static": (None, None), "retie": (5.0, 1.5), "keep": (5.0, 1.5)}

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from runtime.bench import page
-from runtime.bench.scale import measure
+from runtime.bench.measure import measure
 
 SIZES = [(151936, 896)]
 WALL_TARGETS = {(49152, 576): 120.0, (151936, 896): 300.0}  # seconds for the whole command

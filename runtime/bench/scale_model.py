@@ -12,7 +12,8 @@ import os
 import numpy as np
 from onnx import TensorProto, helper
 
-from graphs.storage import ALIGN, check_output
+from graphs.outputs import check_output
+from graphs.storage import ALIGN
 
 FORMS = ("torchscript", "shared", "layered")
 INLINE_BELOW = 2**31 - 2**26  # a layered model this small is written inline (the protobuf's 2 GiB, less room)

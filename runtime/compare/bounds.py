@@ -89,3 +89,13 @@ def cosine_bound(reference, vector, cosines, factor=None):
     norms = _with_row(reference, reference.magnitudes.norms64, factor, lambda row: np.sqrt(row @ row)) * shrink
     query = np.sqrt(np.dot(as64(vector), as64(vector))) * shrink
     return {t: dots[t] / (norms[t] * query) + gamma(width + 4) * abs(c) for t, c in cosines.items()}
+
+
+def summary(checks):
+    """(failed, the last line): the verdicts counted, and the INFO lines said for what they are."""
+    failed = sum(c.passed is False for c in checks)
+    figures = sum(c.info for c in checks)
+    skipped = sum(c.passed is None for c in checks) - figures
+    passed = len(checks) - failed - skipped - figures
+    return failed, (f"{passed} passed, {failed} failed, {skipped} not applicable (of {len(checks) - figures} checks); "
+                    f"{figures} INFO lines: figures measured, not verdicts")

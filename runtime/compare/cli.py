@@ -12,9 +12,9 @@ import onnx
 import onnxruntime as ort
 
 import embed
-from graphs.storage import write_text
+from graphs.outputs import write_text
 from runtime.bounds import U
-from runtime.compare.bounds import WIDTH
+from runtime.compare.bounds import WIDTH, summary
 from runtime.compare.config import ModelConfig, parse
 from runtime.compare.formats import check_formats
 from runtime.compare.heads import check_self_score, check_tied, check_untied
@@ -107,16 +107,6 @@ def header(config):
              f"ids {_shown(config.ids)} looked up; neighbours: {config.listed()} of token {config.query}; one line per "
              "check" + ("" if config.verbose else " (--verbose: the figures behind each)")]
     return "\n".join(textwrap.fill(line, WIDTH, subsequent_indent="  ", break_on_hyphens=False) for line in lines)
-
-
-def summary(checks):
-    """(failed, the last line): the verdicts counted, and the INFO lines said for what they are."""
-    failed = sum(c.passed is False for c in checks)
-    figures = sum(c.info for c in checks)
-    skipped = sum(c.passed is None for c in checks) - figures
-    passed = len(checks) - failed - skipped - figures
-    return failed, (f"{passed} passed, {failed} failed, {skipped} not applicable (of {len(checks) - figures} checks); "
-                    f"{figures} INFO lines: figures measured, not verdicts")
 
 
 def main(argv=None, description="", impl=embed):

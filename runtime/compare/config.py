@@ -5,6 +5,7 @@ import sys
 
 import embed
 import graphs
+from graphs.outputs import check_folder, check_output
 from embed import OneLineParser
 
 MAX_VALUES = 2**26  # the reference is pure Python: 67M values is minutes of it
@@ -85,7 +86,7 @@ def parser(description=""):
 def check_export(folder):
     """ValueError unless the lab's graphs can be written into `folder` (made if missing) without replacing
     anything: checked before the run, not after minutes of it."""
-    graphs.storage.check_folder(folder, "--export")
+    check_folder(folder, "--export")
     names = list(graphs.export.FILES) + [graphs.storage.data_path(n) for n in graphs.export.FILES]
     taken = [name for name in names if os.path.lexists(os.path.join(folder, name))]
     if taken:
@@ -130,9 +131,9 @@ def _model_config(p, args, argv):
         p.error(f"--k must be at least 1 (the neighbours each list holds), got {args.k}")
     try:
         if args.json not in (None, "-"):
-            graphs.storage.check_output(args.json, "--json")
+            check_output(args.json, "--json")
         if args.plot is not None:
-            graphs.storage.check_output(args.plot, "--plot")
+            check_output(args.plot, "--plot")
             import matplotlib  # noqa: F401  (refused now, not after the run)
     except ValueError as e:
         p.error(str(e))
@@ -187,7 +188,7 @@ def parse(argv=None, description=""):
             graphs.precision.check_graph_format(fmt, args.block_size if fmt in ("int8", "int4") else None,
                                                 args.width)
         if args.json not in (None, "-"):
-            graphs.storage.check_output(args.json, "--json")
+            check_output(args.json, "--json")
         if args.export is not None:
             check_export(args.export)
     except (TypeError, ValueError, IndexError) as e:

@@ -7,6 +7,7 @@ import sys
 import tempfile
 
 import graphs
+from graphs.outputs import check_output, check_utf8
 from embed import Terminated, UsageError, raise_on_sigterm, run_cli
 from runtime.inspect import answer, usage
 from runtime.inspect.analysis import analyse
@@ -44,7 +45,7 @@ def _check_out_folder(out, model):
     if os.path.commonpath([inside, os.path.realpath(model)]) == os.path.realpath(model):
         raise InspectError(f"--retie {out}: inside the model's folder; name a folder elsewhere")
     try:
-        graphs.storage.check_output(out.rstrip(os.sep) or out, "--retie OUT")  # UTF-8, its parent there, writable
+        check_output(out.rstrip(os.sep) or out, "--retie OUT")  # UTF-8, its parent there, writable
     except ValueError as e:
         raise InspectError(str(e)) from None
 
@@ -60,7 +61,7 @@ def _check_out(out, model):
         if os.path.lexists(target):
             raise InspectError(f"{target} exists; refusing to overwrite it")
     try:
-        graphs.storage.check_output(out, "--retie OUT")  # UTF-8, its folder there and writable
+        check_output(out, "--retie OUT")  # UTF-8, its folder there and writable
     except ValueError as e:
         raise InspectError(str(e)) from None
     folder = os.path.dirname(os.path.abspath(out))
@@ -103,7 +104,7 @@ def _checked(args, verdict):
 
 def _check_args(args, prog):
     """UsageError (or InspectError) for options that cannot go together, or an OUT that cannot be written."""
-    graphs.storage.check_utf8(args.model, "MODEL's path")
+    check_utf8(args.model, "MODEL's path")
     if args.files and not os.path.isdir(args.model):
         raise UsageError(f"{prog}: error: --files chooses files of a FOLDER; {args.model} is not one")
     if args.dtype is not None and args.files:

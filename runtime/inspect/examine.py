@@ -56,7 +56,7 @@ class Examination:
     and writes the optimized model's layout (runner.data_thrown_away): a model with little inline is measured in the
     session that writes it as it opens (one load for both); one that holds its large tensors inline (a model file
     under 2 GB) is measured first and let go, and a second session, from its shell (each large tensor read where it
-    lies in the file), writes the layout (child._measure). Writing holds a copy of what onnxruntime keeps in its own
+    lies in the file), writes the layout (work.measure). Writing holds a copy of what onnxruntime keeps in its own
     memory (resident.owned_bytes: inline or folded tensors); where that is more than resident.OWNED_MOST the
     figures would show it, and a fresh child measures the defaults again."""
 
@@ -71,7 +71,7 @@ class Examination:
         self.rows = {lookup_ids(t): t["vocab"] for t in self.tables}  # each lookup's ids, and the rows they may name
         self.settings = list(measure) if self.tables else []  # nothing to measure without a table
         # one child measures the defaults and writes the layout (one session, or, where the model holds its tensors
-        # inline, a second one from its shell once the first is measured: child._measure)
+        # inline, a second one from its shell once the first is measured: work.measure)
         self.merged = "defaults" in self.settings and not memory.too_large(model.file_bytes)
         self.out, self.sizes = os.path.join(folder, "optimized.onnx"), copy_sizes(model, self.watched)
         self.job = jobs.optimize({"checked": model.checked}, self.out, folder, self.sizes)

@@ -9,7 +9,8 @@ import onnx
 import onnxruntime as ort
 
 import embed
-from graphs.storage import write_text
+from graphs.outputs import write_text
+from runtime.compare.bounds import summary
 from runtime.compare.real import checks, figures, report, untrained
 from runtime.compare.real.lab import Lab
 from runtime.compare.real.pool import ReferencePool
@@ -137,7 +138,6 @@ def run(config):
         print(f"python -m runtime.compare: error: {printable(str(e))}", file=sys.stderr)
         return 2
     progress.done()
-    from runtime.compare.cli import summary  # the generated table's last line, counted the same way
     for check in found:
         say(check.line())
         if (config.verbose or check.passed is False) and check.details():

@@ -6,6 +6,7 @@ import numpy as np
 
 from runtime.model.read.text import InspectError
 from runtime.compare.real.gguf_header import read_header
+from runtime.compare.real.table import Table
 
 _TOKEN_TABLE, _HEAD = "token_embd.weight", "output.weight"
 
@@ -15,14 +16,13 @@ _KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.model
 
 
 def gguf_table(path, name=None):
-    """runtime.compare.real.source.Table of the GGUF file at `path`, its header read by gguf_header, its values
+    """runtime.compare.real.table.Table of the GGUF file at `path`, its header read by gguf_header, its values
     decoded by the gguf package (to float32) when the Table is read."""
     try:
         import gguf
     except ImportError:
         raise InspectError(f"{path}: a GGUF file; reading it needs the optional gguf package "
                            "(./lab_env/python -m pip install gguf)") from None
-    from runtime.compare.real.source import Table
     found, infos = read_header(path, _KEYS)
     tensors = {t.name: t for t in infos}
     name = name or _TOKEN_TABLE

@@ -110,7 +110,7 @@ def vocabulary_size(folder):
 
 
 def vocabulary_of(table):
-    """The Vocabulary of a source.Table: a GGUF file's own tokens (a byte-level BPE tokenizer rebuilt from them and
+    """The Vocabulary of a table.Table: a GGUF file's own tokens (a byte-level BPE tokenizer rebuilt from them and
     its merges where tokenizers is installed), else the tokenizer.json beside the model (or above it)."""
     if table.tokens is not None:
         return Vocabulary(table.tokens, _gguf_tokenizer(table), table.model)

@@ -1,5 +1,5 @@
 """The original model's outputs on the proof's feeds, given ahead. Where inspect's child opens a session of the
-original of its own to write the layout (child._written_apart: the model measured is let go first) and a --retie
+original of its own to write the layout (work._written_apart: the model measured is let go first) and a --retie
 will prove the model, that session also shows the heads' hidden vectors and runs the proof's feeds, and the outputs
 are saved here: the proof then reads them instead of opening the original once more (a load of the whole model).
 The proof takes them only where they were run on the very feeds it makes (bit for bit) and show just the values it

@@ -6,7 +6,7 @@ import os
 import stat
 import tempfile
 
-from graphs.storage import umask
+from graphs.outputs import umask
 from runtime.model.read import paths
 from runtime.model.read.text import InspectError
 
