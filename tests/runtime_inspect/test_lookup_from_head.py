@@ -124,7 +124,7 @@ def test_lookup_from_head_rows_are_the_heads_and_all_else_bit_for_bit(fixture, t
     moved = next(line for line in said if "is gone: the lookup reads" in line)
     assert f"moved by up to {change.max():.3g} " in moved and "every id checked" in moved
     agreed = next(line for line in said if "greedy," in line)
-    assert "8 prompts of fixed ids" in agreed and " of 128 tokens agree" in agreed
+    assert "8 prompts, fixed ids" in agreed and " of 128 tokens agree" in agreed  # no tokenizer.json here
     size = sum(os.path.getsize(tmp_path / "out" / f) for f in os.listdir(tmp_path / "out") if "onnx" in f)
     was = sum(os.path.getsize(os.path.join(source, f)) for f in os.listdir(source) if "onnx" in f)
     assert size <= was - 0.85 * float_table.nbytes  # the target: the float table's bytes, less what the view adds
@@ -296,3 +296,21 @@ def test_a_zeroed_row_is_no_step_and_a_change_without_a_scale_is_infinite():
     from runtime.model.graph.quantized import steps
     found = steps(np.array([0.0, 1.0, 0.5, 0.0]), np.array([0.0, 0.0, 0.25, -0.5]))  # Gemma's zeroed padding row
     assert found.tolist() == [0.0, np.inf, 2.0, 0.0]
+
+
+def test_the_greedy_prompts_come_from_the_models_tokenizer(tmp_path):
+    """prompts_for: the model's tokenizer.json (above a transformers.js onnx/ too) makes the texts ids, as a client
+    encodes them; an id past the table, or no tokenizer, gives None (fixed ids)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from runtime.inspect.retie.headlookup import TEXTS, prompts_for
+    words = sorted({w for text in TEXTS for w in text.replace(",", " ").replace("(", " ").replace(")", " ").split()})
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(["[UNK]"] + words + [",", "(", ")", ":"]))}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    (tmp_path / "onnx").mkdir()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    expected = [tokenizer.encode(text).ids for text in TEXTS]
+    assert prompts_for(str(tmp_path / "onnx" / "model_q4.onnx"), len(vocab)) == expected
+    assert prompts_for(str(tmp_path / "model.onnx"), len(vocab)) == expected
+    assert prompts_for(str(tmp_path / "model.onnx"), 3) is None  # ids past a 3-row table
+    assert prompts_for(str(tmp_path / "elsewhere" / "model.onnx"), len(vocab)) is None

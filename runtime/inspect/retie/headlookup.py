@@ -2,6 +2,7 @@
 codes is looked up from those codes instead (GatherBlockQuantized, com.microsoft: onnxruntime-genai's shared form).
 The float table goes, the head is untouched, and each looked-up row becomes the head's own dequantization of its
 token: (code - zero point) x scale, rounded once to the scale's type."""
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -11,9 +12,11 @@ from runtime.model.graph import quantized
 from runtime.model.graph.quantized import attribute
 from runtime.model.findings.headcodes import FLAG
 from runtime.model.findings.relations import stored_as_table
+from runtime.model.read import sidecars
 from runtime.inspect.retie.edits import const, shell, unique_name, view_of
 from runtime.inspect.retie.packed import gather_packed_in_place
 
+TOKENIZER_MOST = 64 * 2**20  # a tokenizer.json past this is not one (Gemma's is 34 MB)
 DECODED = "standard ops"  # the form for runtimes with no GatherBlockQuantized kernel: decoded_lookup
 
 
@@ -108,6 +111,36 @@ def _scalar(graph, name, value):
     """A scalar initializer `name` holding `value` (its numpy type); its name."""
     graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
     return name
+
+
+TEXTS = ("The capital of France is", "Once upon a time, there was", "def fibonacci(n):", "Water boils at",
+         "The best way to learn a language is", "In 1969, the first", "My favourite food is", "Dear Sir or Madam,")
+
+
+def prompts_for(model_path, vocab):
+    """The greedy runs' prompts: TEXTS made ids by the model's tokenizer.json (beside the model, or above a
+    transformers.js folder's onnx/), special tokens added as a client adds them, every id below `vocab`; None where
+    there is no tokenizer (or the tokenizers library), and the runs take fixed ids."""
+    try:
+        import tokenizers
+    except ImportError:
+        return None
+    folder = os.path.dirname(os.path.abspath(model_path))
+    places = [model_path] + ([os.path.join(os.path.dirname(folder), "model.onnx")]
+                             if os.path.basename(folder) == "onnx" else [])
+    for place in places:
+        raw = sidecars.read(place, "tokenizer.json", TOKENIZER_MOST)
+        if raw is None:
+            continue
+        try:
+            tokenizer = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception:  # noqa: BLE001 - the library's own parse error, whatever its type: fixed ids then
+            return None
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        made = [tokenizer.encode(text).ids for text in TEXTS]
+        return made if all(made) and all(0 <= i < vocab for ids in made for i in ids) else None
+    return None
 
 
 def unpacked_zero_points(model, q, vocab, blocks):

@@ -95,7 +95,7 @@ def lookup_lines(looked_up, found, measured=None, where=""):
                     f"({change['max_row_change_in_steps']:.2f} of its quantization step){grew}\n")
     said.append(f"retie: {where}the rows changed, so the model's choices may: greedy, {greedy['agreed']} of "
                 f"{greedy['tokens']} tokens agree with the original's before they first differ ({greedy['prompts']} "
-                f"prompts of fixed ids; the first token on {greedy['same_first']} of {greedy['prompts']}); the first "
+                f"prompts, {greedy.get('prompts_from', 'fixed ids')}; the first token on {greedy['same_first']} of {greedy['prompts']}); the first "
                 f"step's logits moved by up to {greedy['max_logit_change']:.3g}\n")
     return said
 

@@ -30,9 +30,10 @@ class Asked(NamedTuple):
 def lookup_records(looked_up, file=None):
     """--json's `lookup_from_head` entries of a proven --lookup-from-head (Plan.looked_up): one a lookup rewritten,
     {"file", "table", "head", "rows_equal_head", "max_row_change", "max_row_change_in_steps", "token_agreement":
-    {"prompts", "tokens", "agreed", "same_first"}, "max_logit_change"} (the greedy figures are the file's)."""
+    {"prompts", "tokens", "agreed", "same_first", "prompts_from"}, "max_logit_change"} (the greedy figures are the
+    file's)."""
     record, found = looked_up["record"], []
-    greedy = {k: record["greedy"][k] for k in ("prompts", "tokens", "agreed", "same_first")}
+    greedy = {k: record["greedy"][k] for k in ("prompts", "tokens", "agreed", "same_first", "prompts_from")}
     rows = {r["table"]: r["rows_equal_head"] for r in record["rows"]}
     for lookup in looked_up["lookups"]:
         found.append({"file": file, "table": lookup.table, "head": lookup.codes, "rows_equal_head": rows[lookup.table],
@@ -176,7 +177,8 @@ def lookup_proof(plan, staged, replaced, folder, limits):
     vocab = first["table_entry"]["vocab"]
     job = jobs.head_lookup(plan.model.checked, staged, [{"output": k.output, "table": k.table,
                                                          "rows": replaced[k.table]["rows"]} for k in lookups],
-                           {"rows": found["rows"], "shape": found["shape"]},
+                           {"rows": found["rows"], "shape": found["shape"],
+                            "prompts": headlookup.prompts_for(plan.model.path, vocab)},
                            first["head_entry"].get("scores") or "logits", vocab, folder)
     limits.progress("checking every looked-up row and running both models greedily")
     record = isolated.call(job, "checking the lookup from the head", limits, plan.model.file_bytes)

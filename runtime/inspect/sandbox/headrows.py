@@ -41,7 +41,8 @@ def check(job):
     before = load(job["checked"]["path"], checked.folder, data=checked.shell)
     olds = greedy(Runner(before.proto, data_folder=checked.folder).session, before.proto, ids, job)
     news = greedy(Runner(job["after"]).session, after, ids, job)
-    return {"rows": rows, "greedy": agreement(olds, news)}
+    return {"rows": rows, "greedy": {**agreement(olds, news),
+                                     "prompts_from": "the model's tokenizer" if job.get("prompts") else "fixed ids"}}
 
 
 def _lookup_model(proto, output):
@@ -98,7 +99,7 @@ def greedy(session, proto, ids, job):
     sequence run again from an empty past (no cache: the same computation for both models, whatever cache layout
     the model has); a merged decoder's use_cache_branch false."""
     found = []
-    for prompt in prompts(job["vocab"]):
+    for prompt in job.get("prompts") or prompts(job["vocab"]):
         tokens, first = list(prompt), None
         for _ in range(NEW_TOKENS):
             feeds = shaped_feeds(proto, job["rows"], job["shape"], len(tokens), past=0)

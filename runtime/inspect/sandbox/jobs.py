@@ -101,7 +101,7 @@ def head_lookup(checked, after, lookups, feeds, logits, vocab, folder):
     """Check the lookups --lookup-from-head rewrote in the retied model `after` ({"output", "ids", "table", "rows":
     the head's rows, .npy} each) against the head's rows for every id, and run it and the original (its Model's
     `checked`) greedily (sandbox.headrows): `logits` names the logits output, `vocab` bounds the ids fed; `feeds`:
-    {"rows", "shape"} as measure's."""
+    {"rows", "shape"} as measure's, and "prompts": the greedy runs' ids (retie.headlookup.prompts_for), or None."""
     return {"kind": "head_lookup", "checked": checked, "after": after, "lookups": lookups, **feeds,
             "logits": logits, "vocab": vocab, "folder": folder}
 
