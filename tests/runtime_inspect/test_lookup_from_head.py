@@ -314,3 +314,22 @@ def test_the_greedy_prompts_come_from_the_models_tokenizer(tmp_path):
     assert prompts_for(str(tmp_path / "model.onnx"), len(vocab)) == expected
     assert prompts_for(str(tmp_path / "model.onnx"), 3) is None  # ids past a 3-row table
     assert prompts_for(str(tmp_path / "elsewhere" / "model.onnx"), len(vocab)) is None
+
+
+def test_a_float16_scale_widened_the_wrong_way_fails_the_proof(tmp_path, monkeypatch, capsys):
+    """q4f16: the head's rows computed from float16 scales each widened one float16 step off (what reading the
+    scale's bits another way gives at its last place): the retied model's own lookup no longer matches them, and
+    nothing is written."""
+    from runtime.inspect import cli
+    from runtime.inspect.retie import headlookup
+    real = headlookup.quantized.decoded
+
+    def off(model, q, t0, t1):
+        exact, scales = real(model, q, t0, t1)
+        wrong = (scales.astype(np.float16).view(np.uint16) + 1).view(np.float16).astype(np.float64)
+        return exact / np.where(scales == 0, 1, scales) * wrong, wrong
+    monkeypatch.setattr(headlookup.quantized, "decoded", off)
+    status = cli.main([os.path.join(FIXTURES, "ortquant_q4f16"), "--retie", str(tmp_path / "out"),
+                       "--lookup-from-head"], supervised=False)
+    out = capsys.readouterr().out
+    assert status == 1 and "not proven, nothing written" in out and not os.path.exists(tmp_path / "out")
