@@ -137,13 +137,11 @@ def quantized_copies(info, file):
         if answer is None or v is None:
             continue
         held = v["tables_in_memory"]
-        entry = _entry("quantized_copy", v, file, (2, None, v["bytes"]),
-                       (LOOKUP_FROM_HEAD, answer.why_not))
         quant = p["head_entry"].get("quant") or p["table_entry"].get("quant")
-        entry.update(wasted_bytes_in_memory=None if held is None else held * v["bytes"], head=p["head"],
-                     quantized="head" if p["head_entry"].get("quant") else "table", bits=quant.bits,
-                     max_error_in_scales=p["max_error_in_scales"])
-        found.append(entry)
+        found.append({**_entry("quantized_copy", v, file, (2, None, v["bytes"]), (LOOKUP_FROM_HEAD, answer.why_not)),
+                      "wasted_bytes_in_memory": None if held is None else held * v["bytes"], "head": p["head"],
+                      "quantized": "head" if p["head_entry"].get("quant") else "table", "bits": quant.bits,
+                      "max_error_in_scales": p["max_error_in_scales"]})  # built once, read by name after
     return found
 
 

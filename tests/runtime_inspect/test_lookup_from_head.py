@@ -177,10 +177,10 @@ def test_a_row_off_by_one_code_is_named_by_its_id(tmp_path):
               "rows": str(tmp_path / "rows.npy")}
     np.save(lookup["rows"], rows)
     retied = onnx.load(str(out / "model.onnx"), load_external_data=False)
-    assert headrows._rows_equal(retied, str(out / "model.onnx"), lookup)["rows_equal_head"]
+    assert headrows.rows_equal(retied, str(out / "model.onnx"), lookup)["rows_equal_head"]
     rows[300, 5] += scales[300, 0]  # one code up
     np.save(lookup["rows"], rows)
-    assert headrows._rows_equal(retied, str(out / "model.onnx"), lookup) == {
+    assert headrows.rows_equal(retied, str(out / "model.onnx"), lookup) == {
         "table": "transformer.wte.weight", "rows_equal_head": False, "first_different": 300}
 
 
@@ -333,3 +333,21 @@ def test_a_float16_scale_widened_the_wrong_way_fails_the_proof(tmp_path, monkeyp
                        "--lookup-from-head"], supervised=False)
     out = capsys.readouterr().out
     assert status == 1 and "not proven, nothing written" in out and not os.path.exists(tmp_path / "out")
+
+
+def test_the_decoded_lookup_reads_zero_points_too(tmp_path):
+    """A transformers.js folder whose q4 is the asymmetric quantizer's (zero points, block 16): the standard-op
+    decode takes each row's zero points; its rows are the head's, decoded here, bit for bit."""
+    import shutil
+    from tests.fixtures import transformersjs_gpt2
+    folder = transformersjs_gpt2.make(str(tmp_path / "gpt2"), dtypes=("q4",))
+    shutil.copy(os.path.join(FIXTURES, "ortquant_q4_asym", "model.onnx"), os.path.join(folder, "onnx", "model_q4.onnx"))
+    inspected(folder, "--retie", tmp_path / "out", "--lookup-from-head")
+    original = onnx.load(os.path.join(folder, "onnx", "model_q4.onnx"))
+    expected, _ = head_rows(original)
+    retied = onnx.load(str(tmp_path / "out" / "onnx" / "model_q4.onnx"))
+    assert not any(n.op_type == "GatherBlockQuantized" for n in retied.graph.node)
+    session = ort.InferenceSession(str(tmp_path / "out" / "onnx" / "model_q4.onnx"))
+    got = run(with_output(retied, "/transformer/wte/Gather_output_0"), str(tmp_path / "out" / "onnx"),
+              all_ids_feeds(session, expected.shape[0]))["/transformer/wte/Gather_output_0"]
+    assert np.array_equal(got.reshape(expected.shape).view(np.uint32), expected.view(np.uint32))

@@ -35,7 +35,7 @@ def check(job):
     """{"rows": [{"table", "rows_equal_head", "first_different"}], "greedy": agreement()'s} for a head_lookup job
     (jobs.head_lookup)."""
     after = onnx.load(job["after"], load_external_data=False)
-    rows = [_rows_equal(after, job["after"], lookup) for lookup in job["lookups"]]
+    rows = [rows_equal(after, job["after"], lookup) for lookup in job["lookups"]]
     ids = _lookup_model(after, job["lookups"][0]["output"]).graph.input[0].name  # the model's token ids
     checked = source(job["checked"])
     before = load(job["checked"]["path"], checked.folder, data=checked.shell)
@@ -65,7 +65,7 @@ def _lookup_model(proto, output):
     return helper.make_model(graph, opset_imports=proto.opset_import, ir_version=proto.ir_version)
 
 
-def _rows_equal(proto, path, lookup):
+def rows_equal(proto, path, lookup):
     """Whether the retied model's lookup gives, for every id, the head's own row (lookup["rows"], .npy) bit for
     bit: {"table", "rows_equal_head", "first_different": the first id whose row differs, or None}."""
     expected = np.load(lookup["rows"], mmap_mode="r")
