@@ -20,17 +20,18 @@ if __name__ == "__main__":  # `python3 -I -S embed.py` puts no folder on sys.pat
 
 from reference.precision import FORMATS, QMAX, dequantize, quantize, table_bytes  # noqa: E402
 from reference.scores import (check_factor, check_id, check_ids, cosine, dot, lead_factor, logits, lookup,  # noqa: E402
-                              neighbors, norm, one_hot, onehot_lookup, onehot_lookup_counted, scale_sqrt_d,
-                              stretch_row, stretch_to_lead)
+                              neighbors, norm, one_hot, onehot_lookup, onehot_lookup_counted, ranked, scale_sqrt_d,
+                              scores_of, stretch_row, stretch_to_lead)
 from reference.tables import GOLDEN, check_int, make_table, mix64, param_count, shape  # noqa: E402
 from reference.walkthrough import (ENDING, OneLineParser, Terminated, UsageError, check_fits, main,  # noqa: E402
                                    parse_ids, physical_memory, raise_on_sigterm, run_cli)
 
-__all__ = ["FORMATS", "QMAX", "dequantize", "quantize", "table_bytes", "check_factor", "check_id", "check_ids", "cosine",
-           "dot", "logits", "lookup", "neighbors", "norm", "one_hot", "onehot_lookup", "onehot_lookup_counted",
-           "scale_sqrt_d", "stretch_row", "stretch_to_lead", "lead_factor", "GOLDEN", "check_int", "make_table", "mix64",
-           "param_count", "shape", "OneLineParser", "UsageError", "check_fits", "main", "parse_ids", "physical_memory",
-           "raise_on_sigterm", "run_cli", "Terminated", "ENDING"]
+__all__ = ["FORMATS", "QMAX", "dequantize", "quantize", "table_bytes", "check_factor", "check_id", "check_ids",
+           "cosine", "dot", "logits", "lookup", "neighbors", "norm", "one_hot", "onehot_lookup",
+           "onehot_lookup_counted", "ranked", "scale_sqrt_d", "scores_of", "stretch_row", "stretch_to_lead",
+           "lead_factor", "GOLDEN", "check_int", "make_table", "mix64", "param_count", "shape", "OneLineParser",
+           "UsageError", "check_fits", "main", "parse_ids", "physical_memory", "raise_on_sigterm", "run_cli",
+           "Terminated", "ENDING"]
 
 if __name__ == "__main__":
     run_cli(main, prog="embed.py")

@@ -1,5 +1,6 @@
 """Lookups into the table and scores out of it: rows by id, one-hot products, dot and cosine, logits,
 neighbours, and what stretching or scaling a row does to them."""
+import heapq
 import math
 import operator
 from itertools import repeat
@@ -118,12 +119,34 @@ def _scores(table, token_id, metric):
     return [dot(row, query) / (n * norms[token_id]) for row, n in zip(table, norms)]
 
 
+def ranked(scores, token_id, k):
+    """The `k` tokens of best `scores` (one per token) other than `token_id`, best first, ties to the lower id."""
+    check_int("k", k, 0)
+    others = (t for t in range(len(scores)) if t != token_id)
+    return heapq.nsmallest(k, others, key=lambda t: (-scores[t], t))  # == sorted(...)[:k], in O(V log k)
+
+
 def neighbors(table, token_id, k, metric="cosine"):
     """The `k` tokens closest to `token_id` by `metric`, itself excluded, best first, ties to the lower id."""
     check_int("k", k, 0)
-    scores = _scores(table, token_id, metric)
-    others = sorted((t for t in range(len(scores)) if t != token_id), key=lambda t: (-scores[t], t))
-    return others[:k]
+    return ranked(_scores(table, token_id, metric), token_id, k)
+
+
+def scores_of(table, token_ids):
+    """{token_id: {"dot": [...], "cosine": [...]}}: every token's score against each of `token_ids` by both
+    metrics, the numbers neighbors ranks, from one pass over the table: each row read once, its norm and its dot
+    with each query taken once. ranked(scores_of(...)[q][m], q, k) == neighbors(table, q, k, m), and the dot
+    scores == logits(table, table[q]), for a caller that needs several (a real table's rows are costly to read)."""
+    vocab, _ = shape(table)
+    queries = {q: table[check_id(q, vocab)] for q in token_ids}
+    dots, norms = {q: [] for q in queries}, []
+    for t, row in enumerate(table):
+        norms.append(norm(row))
+        if norms[-1] == 0.0:
+            raise ValueError(f"row {t} is all zeros: cosine needs a direction")
+        for q, query in queries.items():
+            dots[q].append(dot(row, query))
+    return {q: {"dot": dots[q], "cosine": [d / (n * norms[q]) for d, n in zip(dots[q], norms)]} for q in queries}
 
 
 def scale_sqrt_d(table):

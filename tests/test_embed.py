@@ -243,6 +243,25 @@ def test_stretch_property_cosine_list_fixed(factor):
             assert moved <= 0 if climbs else moved >= 0
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_scores_of_one_pass_ranks_as_neighbors_and_scores_as_logits(seed):
+    rng = random.Random(seed)
+    table = random_table(rng, rng.randint(3, 40), rng.randint(1, 6))
+    table += [list(table[1]), [2.0 * v for v in table[2]]]  # a repeated row and a longer one: ties in both metrics
+    queries = sorted(rng.sample(range(len(table)), 3))
+    found = embed.scores_of(table, queries)
+    assert list(found) == queries
+    for q in queries:
+        assert found[q]["dot"] == embed.logits(table, table[q])  # the same floats, bit for bit
+        for metric in ("dot", "cosine"):
+            for k in (0, 3, len(table) + 2):
+                assert embed.ranked(found[q][metric], q, k) == embed.neighbors(table, q, k, metric)
+    with pytest.raises(ValueError, match="row 1"):
+        embed.scores_of([[1.0, 0.0], [0.0, 0.0]], [0])
+    with pytest.raises(IndexError):
+        embed.scores_of(HAND, [4])
+
+
 def test_neighbors_errors():
     with pytest.raises(ValueError, match="metric"):
         embed.neighbors(HAND, 0, 1, "euclid")
