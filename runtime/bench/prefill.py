@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 _RUN = r"""
 import json, os, sys, time
 import numpy as np, onnx, onnxruntime as ort
-from runtime.inspect.sandbox.feeds import feeds_for
+from runtime.feeds import feeds_for
 path, tokens, vocab, profile = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 proto = onnx.load(path, load_external_data=False)
 rows = {i.name: vocab for i in proto.graph.input if "ids" in i.name and "position" not in i.name}

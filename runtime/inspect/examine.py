@@ -15,7 +15,8 @@ from runtime.model.graph.weights import shared_weights
 from runtime.model.read import paths
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
-from runtime.inspect.sandbox import feeds, folding, isolated, jobs, memory, originals
+from runtime import feeds
+from runtime.inspect.sandbox import folding, isolated, jobs, memory, originals
 from runtime.resident import OWNED_MOST, prepacked_copies, unscoped
 
 

@@ -6,7 +6,8 @@ from runtime.model.findings.prefill import PROMPT
 from runtime.model.graph import ops
 from runtime.model.read import sidecars
 from runtime.model.read.layout import DTYPES
-from runtime.inspect.sandbox import feeds, isolated
+from runtime import feeds
+from runtime.inspect.sandbox import isolated
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
 

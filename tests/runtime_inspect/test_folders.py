@@ -605,7 +605,7 @@ def test_the_proof_feeds_a_decoder_what_its_encoder_makes(tmp_path):
     from runtime.inspect.examine_folder import inspect_folder
     from runtime.inspect.retie.folder import upstream
     from runtime.inspect.sandbox import isolated
-    from runtime.inspect.sandbox.feeds import shaped_feeds
+    from runtime.feeds import shaped_feeds
     from runtime.inspect.sandbox.proof import _fed_from
     source = os.path.join(FOLDERS, "optimum_t5")
     result = inspect_folder(source, str(tmp_path), isolated.Limits(), static=True)
@@ -699,7 +699,7 @@ def legacy_sessions(path):
 
 
 def test_the_proof_feeds_one_new_token_after_past_0_and_3():
-    from runtime.inspect.sandbox import feeds
+    from runtime import feeds
     source = os.path.join(FOLDERS, "optimum_gpt2_legacy_merged", "decoder_model_merged.onnx")
     shape = feeds.plan(onnx.load(source, load_external_data=False), source)
     assert [[0, 1], [3, 1]] == [s for s in shape["steps"] if s[0] != shape["past"]]
@@ -711,7 +711,7 @@ def test_the_proof_feeds_one_new_token_after_past_0_and_3():
 
 @pytest.mark.slow
 def test_retie_legacy_merged_gpt2_states_the_bound_of_its_other_outputs(tmp_path):
-    from runtime.inspect.sandbox import feeds
+    from runtime import feeds
     folder = os.path.join(FOLDERS, "optimum_gpt2_legacy_merged")
     source = os.path.join(folder, "decoder_model_merged.onnx")
     out = tmp_path / "out"

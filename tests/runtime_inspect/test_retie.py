@@ -28,8 +28,9 @@ from runtime.model.read import checked as read_checked
 from runtime.model.read.model import load
 from runtime.inspect.retie import rewrite, rules
 from runtime.inspect.retie.write import retie
-from runtime.inspect.sandbox import agree, feeds, isolated, jobs
-from runtime.inspect.sandbox.feeds import feeds_for
+from runtime import feeds
+from runtime.inspect.sandbox import agree, isolated, jobs
+from runtime.feeds import feeds_for
 from runtime.resident import prepacked_copies
 from runtime.runner import optimized_model
 from tests.helpers import (

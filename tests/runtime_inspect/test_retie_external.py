@@ -13,7 +13,7 @@ from onnx.external_data_helper import convert_model_to_external_data, set_extern
 
 from runtime.inspect import cli
 from runtime.inspect.retie import edits
-from runtime.inspect.sandbox.feeds import feeds_for
+from runtime.feeds import feeds_for
 from runtime.model.read.model import all_tensors, graph_paths
 from tests.helpers import FIXTURES, FOLDERS, VOCAB, inspected, one_line_error
 from tests.runtime_inspect.test_retie import logits_against_exact

@@ -14,7 +14,7 @@ from onnxruntime.transformers.float16 import convert_float_to_float16
 
 import graphs
 from runtime.inspect.sandbox import agree, proof
-from runtime.inspect.sandbox.feeds import feeds_for
+from runtime.feeds import feeds_for
 from tests.helpers import FIXTURES, VOCAB, WIDTH, U, findings, model_in, one_line_error, run_inspect, unwrapped
 
 HALF = {"float16": (2.0**-11, 2.0**-24), "bfloat16": (2.0**-8, 2.0**-133)}  # unit roundoff, subnormal spacing

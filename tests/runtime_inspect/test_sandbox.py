@@ -22,7 +22,8 @@ import graphs
 from runtime.model.read import checked as read_checked
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
-from runtime.inspect.sandbox import feeds, guard, isolated
+from runtime import feeds
+from runtime.inspect.sandbox import guard, isolated
 from tests.helpers import (
     FIXTURES,
     MADE,

@@ -6,7 +6,7 @@ import os
 from runtime.bounds import NARROW, bound_words
 from runtime.model.findings import counting
 from runtime.model.findings.counting import human, times
-from runtime.inspect.sandbox.feeds import describe
+from runtime.feeds import describe
 
 NOTHING = "retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n"
 

@@ -9,7 +9,7 @@ from onnx import helper, numpy_helper
 
 from runtime.model.read.checked import source
 from runtime.model.read.model import load
-from runtime.inspect.sandbox.feeds import shaped_feeds
+from runtime.feeds import shaped_feeds
 from runtime.runner import Runner
 
 IDS_AT_ONCE = 8192  # ids looked up a run: 8192 rows of a 2048-wide float32 table are 64 MiB

@@ -10,7 +10,7 @@ def measure(model, folder, limits, model_bytes, side_by_side=False, settings=SET
     feeds' "rows" and "shape", as measure_together's parts; `settings`: those of SETTINGS to measure (all by default).
 
     {setting: {resident_bytes, anonymous_bytes, file_bytes, peak_bytes} or None, "error": why} for each of SETTINGS, each
-    in a fresh isolated child, on the feeds `shape` (runtime.inspect.sandbox.feeds.plan) describes; `side_by_side`: the
+    in a fresh isolated child, on the feeds `shape` (runtime.feeds.plan) describes; `side_by_side`: the
     children run at once (each measures its own resident set, which another process mapping the same file does not
     change). None where onnxruntime refuses to run the model on the proof's feeds; a crash or time-out is an
     InspectError, like every isolated step."""

@@ -11,7 +11,7 @@ from runtime.model.read.checked import source
 from runtime.model.read.model import load
 from runtime.inspect.sandbox import agree, headrows
 from runtime.inspect.sandbox.exposed import shown_copy
-from runtime.inspect.sandbox.feeds import NoFeeds, describe, shaped_feeds, steps
+from runtime.feeds import NoFeeds, describe, shaped_feeds, steps
 from runtime.inspect.sandbox.folding import made_at_load
 from runtime.inspect.sandbox.jobs import kept_heads_of, rewritten_of
 from runtime.inspect.sandbox.originals import given

@@ -70,7 +70,7 @@ def run(job, model, folder, proto):
     import numpy as np
     import onnxruntime as ort
 
-    from runtime.inspect.sandbox.feeds import NoFeeds, shaped_feeds
+    from runtime.feeds import NoFeeds, shaped_feeds
     from runtime.runner import read_data_from
     try:
         feeds = shaped_feeds(proto, job["rows"], dict(job["shape"], past=0), job["tokens"])

@@ -63,7 +63,7 @@ def measure(job):
     otherwise the session measured writes it as it opens (one load for both)."""
     import onnxruntime
 
-    from runtime.inspect.sandbox.feeds import first_feeds
+    from runtime.feeds import first_feeds
     from runtime.resident import let_go, owned_bytes, resident, session_growth, sessions_growth
     (model, folder), (shell, shell_folder), proto = _model(job)
     feeds = first_feeds(proto, job["rows"], job["shape"])
@@ -184,7 +184,7 @@ def measure_together(job):
     them inline from its shell in a session of its own once every session measured is let go."""
     import onnxruntime
 
-    from runtime.inspect.sandbox.feeds import first_feeds
+    from runtime.feeds import first_feeds
     from runtime.resident import let_go, owned_bytes, sessions_growth
     models, protos, shells, later = [], [], [], []
     for part in job["files"]:
