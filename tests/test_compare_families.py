@@ -174,6 +174,9 @@ def test_a_bad_query_is_answered_before_the_table_is_read(tmp_path, monkeypatch,
     monkeypatch.setattr(source.Table, "read", never)
     assert cli.main(["--model", str(path), "--query", " Paris king"]) == 2
     assert "makes 2 tokens" in capsys.readouterr().err
+    assert cli.main(["--model", str(path), "--query", "3", "--ids", "1,66"]) == 2  # 66 rows: ids 0..65
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "python -m runtime.compare: error: --ids: 66 is out of range [0, 66) (the table's rows)"]
 
 
 def test_a_damaged_gguf_header_is_one_line_never_a_traceback(tmp_path):

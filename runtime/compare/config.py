@@ -55,6 +55,9 @@ def parser(description=""):
     add("--table", metavar="NAME", help="--model: the token table to read where the model has several")
     add("--plot", metavar="FILE.png", help="--model: draw the row lengths and each query's two lists (needs "
                                            "matplotlib)")
+    add("--verify-under-trained", type=int, metavar="N",
+        help="--model: run the model (an ONNX decoder) on the N top under-trained candidates, asking it to repeat "
+             "each; under 1%% probability of doing so confirms one")
     add("--vocab-size", type=int, default=4096, help=f"rows in the table, >= {graphs.export.MIN_VOCAB}: the neighbour "
                                                      "checks rank a query's other tokens (default 4096)")
     add("--width", type=int, default=96, help="values per row (default 96; sqrt(96) is not a float32)")
@@ -105,10 +108,12 @@ class ModelConfig:
     json: str | None = None
     plot: str | None = None
     verbose: bool = False
+    verify: int | None = None
 
     def as_dict(self):
         return {"model": self.model, "table": self.table, "queries": None if self.queries is None else
-                list(self.queries), "ids": None if self.ids is None else list(self.ids), "k": self.k}
+                list(self.queries), "ids": None if self.ids is None else list(self.ids), "k": self.k,
+                "verify_under_trained": self.verify}
 
 
 _NOT_WITH_MODEL = ("--vocab-size", "--width", "--seed", "--format", "--stretch", "--factor", "--block-size",
@@ -129,6 +134,8 @@ def _model_config(p, args, argv):
             p.error(f"{option}: empty")
     if args.k < 1:
         p.error(f"--k must be at least 1 (the neighbours each list holds), got {args.k}")
+    if args.verify_under_trained is not None and args.verify_under_trained < 1:
+        p.error(f"--verify-under-trained must be at least 1 (the candidates to run), got {args.verify_under_trained}")
     try:
         if args.json not in (None, "-"):
             check_output(args.json, "--json")
@@ -144,7 +151,7 @@ def _model_config(p, args, argv):
         p.error("--query: empty")
     ids = tuple(args.ids) if _given(argv, "--ids") else None
     return ModelConfig(model=args.model, table=args.table, queries=queries, ids=ids, k=args.k, json=args.json,
-                       plot=args.plot, verbose=args.verbose)
+                       plot=args.plot, verbose=args.verbose, verify=args.verify_under_trained)
 
 
 def parse(argv=None, description=""):
@@ -155,7 +162,7 @@ def parse(argv=None, description=""):
     args = p.parse_args(argv)
     if args.model is not None:
         return _model_config(p, args, argv)
-    for option in ("--table", "--plot"):
+    for option in ("--table", "--plot", "--verify-under-trained"):
         if _given(argv, option):
             p.error(f"{option}: only with --model")
     try:

@@ -23,6 +23,7 @@ def differing_bits(a, b):
 
 def check_lookup(lab, rows, ids):
     out = lab.runner("gather_lookup").run({"ids": [ids]})["embeddings"][0]  # (n, width)
+    lab.close("gather_lookup")  # one session at a time: each may hold the table in memory of its own
     bad, _ = differing_bits(out, embed.lookup(rows, ids))
     bad += sum(differing_bits(out[p], out[ids.index(i)])[0] for p, i in enumerate(ids))
     repeated = len(set(ids)) < len(ids)
@@ -37,6 +38,7 @@ def check_onehot(lab, ids, products):
     out = lab.runner("onehot_lookup").run({"ids": [ids]})["embeddings"][0]
     lab.close("onehot_lookup")
     gathered = lab.runner("gather_lookup").run({"ids": [ids]})["embeddings"][0]
+    lab.close("gather_lookup")
     (bad_ref, _), (bad_gather, zeros_gather) = differing_bits(out, [products[i] for i in ids]), \
         differing_bits(out, gathered)
     zeros = f"; {zeros_gather} -0.0 value(s) of the table come out +0.0 (a sum of products)" if zeros_gather else ""

@@ -9,9 +9,10 @@ import onnx
 import onnxruntime as ort
 
 import embed
+from graphs.arrays import release
 from graphs.outputs import write_text
-from runtime.compare.bounds import summary
-from runtime.compare.real import checks, figures, report, untrained
+from runtime.compare.bounds import Check, summary
+from runtime.compare.real import checks, figures, report, untrained, verify
 from runtime.compare.real.lab import Lab
 from runtime.compare.real.pool import ReferencePool
 from runtime.compare.real.rows import Rows
@@ -48,26 +49,35 @@ def _header(table, path):
 
 def _submitted(pool, queries, ids, k):
     """The reference passes the checks need, started in the workers at once, first the one the stretch waits on:
-    {("neighbors", query, metric): list, ("onehot", id): rows, "logits": the first query's dot products}."""
-    passes = {"logits": pool.submit("logits", queries[0])}
-    for query in queries:
-        for metric in ("cosine", "dot"):
-            passes[("neighbors", query, metric)] = pool.submit("neighbors", query, (k, metric))
+    {"first": the first query's lists and dot scores, "rest": the other queries' lists, ("onehot", id): rows}."""
+    passes = {"first": pool.submit("scores", queries[:1], (k, True))}
+    if queries[1:]:
+        passes["rest"] = pool.submit("scores", queries[1:], (k, False))
     for token_id in dict.fromkeys(ids):  # a repeated id is the same product: one pass
         passes[("onehot", token_id)] = pool.submit("onehot", argument=[token_id])
     return passes
 
 
-def _stretch_check(lab, rows, pool, passes, query, lists, shown):
-    """The stretch check: its row chosen from the reference's dot products, its two reference passes in the
-    workers while the graphs run."""
-    before = lists[query]["cosine"][0]
-    choice = checks.stretch_choice(passes["logits"].get(), query, before)
-    reference = {"before": passes[("neighbors", query, "cosine")].get()}
-    if choice is not None:
-        after = {m: pool.submit("neighbors", query, (len(before), m), choice) for m in ("cosine", "dot")}
-        reference.update({m: a.get() for m, a in after.items()})
-    return checks.check_stretch(lab, rows, query, choice, before, reference, shown)
+class _Stretch:
+    """The stretch check's reference pass, started in the workers as soon as the first query's scores pass (its
+    dot products choose the row) has ended: poll() between the long steps, result() at the check."""
+
+    def __init__(self, pool, first, query, before):
+        self.pool, self.first, self.query, self.before = pool, first, query, before
+        self.choice, self.after = None, None
+
+    def poll(self):
+        if self.first is not None and self.first.ready():
+            self.choice = checks.stretch_choice(self.first.get()[self.query]["logits"], self.query, self.before)
+            self.after = self.choice and self.pool.submit("scores", [self.query], (len(self.before), False),
+                                                          self.choice)
+            self.first = None
+
+    def result(self):
+        """(choice, embed's lists after the stretch, {} without a choice)."""
+        self.first is not None and self.first.wait()
+        self.poll()
+        return self.choice, self.after.get()[self.query] if self.after else {}
 
 
 def _measure(config, table, lab, vocabulary, progress, say, queries):
@@ -80,30 +90,56 @@ def _measure(config, table, lab, vocabulary, progress, say, queries):
         if why:
             say(why + "\n")
     ids = list(config.ids) if config.ids else queries[:2] + queries[:1]  # a repeated id: the same row at both places
-    embed.check_ids(ids, table.vocab)
     rows, k, shown = Rows(lab.values), min(config.k, table.vocab - 1), vocabulary.shown
     pool = ReferencePool(lab.data, lab.values.shape)
     try:
         passes = _submitted(pool, queries, ids, k)
-        progress("neighbours: the graphs (embed.neighbors in the workers)")
+        progress("the lab's graphs, written on the table (embed's passes in the workers)")
+        lab.build()
+        progress("neighbours: the graphs")
         graph = {m: checks.graph_lists(lab, queries, k, m) for m in ("cosine", "dot")}
         for query in queries:
             say(report.side_by_side(vocabulary, lengths, query, graph["cosine"][query], graph["dot"][query]) + "\n")
-        scores = figures.self_score(lab.values, progress)
-        progress("hubs: the rows that lead sampled tokens' lists")
+        before = graph["cosine"][queries[0]][0]
+        stretch = _Stretch(pool, passes["first"], queries[0], before)
+        step = lambda stage: (stretch.poll(), progress(stage))  # each long step starts it if it can
+        scores = figures.self_score(lab.values, step)
+        release(lab.values)  # read whole: its pages go back to the page cache until a check reads a row again
+        step("hubs: the rows that lead sampled tokens' lists")
         counts = figures.hubs(lab, k)
-        progress("the checks: lookups, neighbours, a stretched row, the scaling (waiting on embed's passes)")
+        step("the checks: lookups, neighbours, a stretched row, the scaling (waiting on embed's passes)")
         lists = {q: {m: graph[m][q] for m in graph} for q in queries}
         found = [checks.check_lookup(lab, rows, ids),
                  checks.check_onehot(lab, ids, {i: passes[("onehot", i)].get()[0] for i in dict.fromkeys(ids)})]
-        found += [checks.check_neighbors(rows, q, m, lists[q][m], passes[("neighbors", q, m)].get(), shown)
+        reference = {**passes["first"].get(), **(passes["rest"].get() if "rest" in passes else {})}
+        found += [checks.check_neighbors(rows, q, m, lists[q][m], reference[q][m], shown)
                   for q in queries for m in ("cosine", "dot")]
-        found.append(_stretch_check(lab, rows, pool, passes, queries[0], lists, shown))
+        choice, after = stretch.result()
+        wanted = {"before": reference[queries[0]]["cosine"], **after}
+        found.append(checks.check_stretch(lab, rows, queries[0], choice, before, wanted, shown))
         found.append(checks.check_scaled(lab, rows, ids))
         lab.close()
     finally:
         pool.close()
     return found, lists, lengths, scores, counts
+
+
+def _check_ids(ids, vocab):
+    """UsageError naming an --ids id outside the table's rows."""
+    bad = next((i for i in ids or () if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise embed.UsageError(f"--ids: {bad} is out of range [0, {vocab}) (the table's rows)")
+
+
+def _verified(config, table, vocabulary, under, progress):
+    """--verify-under-trained's INFO Check; its answer set as `under`'s "verified"."""
+    if under is None:
+        said = "under-trained: not verified: no candidates were looked for (the line above says why)"
+    else:
+        progress(f"under-trained tokens: the model asked to copy the top {config.verify}")
+        under["verified"] = verify.verify(table, vocabulary, under["candidates"], config.verify)
+        said = verify.line(under["verified"])
+    return Check("under_trained", "the model, run", None, said, info=True, claim=said)
 
 
 def run(config):
@@ -116,6 +152,7 @@ def run(config):
         table = find_table(config.model, config.table)
         vocabulary = vocabulary_of(table)
         queries = resolve(config.queries, vocabulary, table.vocab) if config.queries else None  # refused before work
+        _check_ids(config.ids, table.vocab)
         progress(f"decoding {table.name} ({table.vocab} x {table.width}, {table.format})")
         table.read()
         with tempfile.TemporaryDirectory(prefix="onnx-lab-compare-model-") as folder:
@@ -128,12 +165,14 @@ def run(config):
             found += report.table_lines(table, lengths, vocabulary, longest[:5])
             found += [report.self_score_line(vocabulary, lengths, scores), report.hubs_line(vocabulary, counts)]
             progress("under-trained tokens: each row against the unused ones")
-            under = untrained.indicator(lab.values, vocabulary, table.tied)
+            under = untrained.indicator(lab.values, vocabulary, table.tied, max(untrained.SHOWN, config.verify or 0))
             found.append(untrained.check(under, table.tied))
+            if config.verify:
+                found.append(_verified(config, table, vocabulary, under, progress))
             data = report.table_json(table, vocabulary, lengths, longest, lists, scores, counts)
             data["under_trained"] = under
             lab.close()
-    except (InspectError, embed.UsageError, IndexError) as e:
+    except (InspectError, embed.UsageError) as e:
         progress.done()
         print(f"python -m runtime.compare: error: {printable(str(e))}", file=sys.stderr)
         return 2

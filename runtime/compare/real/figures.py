@@ -4,9 +4,10 @@ float32 matmul, a block of tokens at a time against only the rows that could bea
 import numpy as np
 
 SELF_SCORE_MOST = 2 * 10**12  # V^2 d multiply-adds from which the self-score claim is checked on a sample
+SELF_SCORE_SAMPLE = 6000  # the sample's tokens: the share that fails is known within 1.3% (95%), whatever V is
 HUB_QUERIES = 2000  # sampled tokens whose top-k lists the hubs are counted in
 SEED = 0  # the samples' generator: the same tokens every run
-SCORES_AT_ONCE = 128 * 2**20  # bytes of scores one block of the self-scores makes (the hubs: a quarter)
+SCORES_AT_ONCE = 128 * 2**20  # bytes of scores one block of the self-scores makes (the hubs: half)
 
 
 def norms(values, step=2**16):
@@ -21,12 +22,12 @@ def mean_row(values, step=2**16):
 
 
 def self_score_tokens(vocab, width):
-    """(the tokens the self-score claim is checked on, sampled): every token when V^2 d <= SELF_SCORE_MOST, else as
-    many as that many multiply-adds allow, drawn without replacement by a fixed seed, in id order."""
-    if vocab * vocab * width <= SELF_SCORE_MOST:
+    """(the tokens the self-score claim is checked on, sampled): every token when V^2 d <= SELF_SCORE_MOST, else
+    SELF_SCORE_SAMPLE of them (a proportion's precision depends on the sample's size, not the vocabulary's), drawn
+    without replacement by a fixed seed, in id order."""
+    if vocab * vocab * width <= SELF_SCORE_MOST or vocab <= SELF_SCORE_SAMPLE:
         return np.arange(vocab), False
-    count = max(1, SELF_SCORE_MOST // (vocab * width))
-    return np.sort(np.random.default_rng(SEED).choice(vocab, count, replace=False)), True
+    return np.sort(np.random.default_rng(SEED).choice(vocab, SELF_SCORE_SAMPLE, replace=False)), True
 
 
 def _firsts(ranked, order, norms, tokens, hidden_of):
@@ -107,7 +108,8 @@ def hubs(lab, k):
     and by cosine (the lab's neighbour graphs, one session at a time, its arena kept for the blocks of one shape),
     as count arrays."""
     vocab = lab.values.shape[0]
-    sample, block = hub_sample(vocab), max(1, SCORES_AT_ONCE // 4 // (4 * vocab))
+    # the cosine graph scales every row on each run: the larger the block, the fewer runs (and the higher the peak)
+    sample, block = hub_sample(vocab), max(1, SCORES_AT_ONCE // 2 // (4 * vocab))
     counts = {}
     for metric in ("dot", "cosine"):
         runner, seen = lab.runner(f"neighbors_{metric}", arena=True), np.zeros(vocab, np.int64)

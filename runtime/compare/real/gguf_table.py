@@ -75,15 +75,25 @@ def _stored(path, tensor, shape, gguf):
     return np.memmap(path, np.uint8, "r", offset=tensor.offset, shape=(shape[0], row))
 
 
+DECODE_ROWS = 4096  # rows decoded at a time: gguf's intermediates for them are small, and reused
+
+
 def _decoded(path, raw, tensor, gguf):
-    """The tensor dequantized by gguf to float32 [vocab, width]."""
+    """The tensor dequantized by gguf to float32 [vocab, width], a block of rows at a time into one array: decoded
+    whole, gguf's float intermediates (two tables' worth) would stay in the heap as freed memory glibc does not
+    give back."""
     kind = gguf.GGMLQuantizationType(tensor.ggml_type)
     data = {"F32": np.float32, "F16": np.float16}.get(kind.name)
+    width = int(np.prod(tensor.dims[:1]))
+    out = np.empty((raw.shape[0], width), np.float32)
     try:
-        values = np.asarray(gguf.quants.dequantize(raw.view(data) if data else raw, kind), np.float32)
+        for r0 in range(0, raw.shape[0], DECODE_ROWS):
+            block = raw[r0:r0 + DECODE_ROWS]
+            out[r0:r0 + len(block)] = gguf.quants.dequantize(block.view(data) if data else block, kind).reshape(
+                len(block), width)
     except Exception as e:  # a malformed tensor: gguf raises whatever its decoder meets
         raise InspectError(f"{path}: gguf cannot decode {tensor.name} ({type(e).__name__}: {e})") from None
-    return np.ascontiguousarray(values.reshape(raw.shape[0], -1))
+    return out
 
 
 SCALED = ("gemma", "gemma2", "gemma3", "gemma3n", "gemma-embedding")  # llama.cpp multiplies these architectures'

@@ -12,7 +12,7 @@ from runtime.runner import Runner
 
 DATA = "table.data"
 BUILDERS = {"gather_lookup": graphs.gather_lookup, "onehot_lookup": graphs.onehot_lookup,
-            "scaled_lookup": graphs.scaled_lookup, "tied_logits": graphs.tied_logits,
+            "scaled_lookup": graphs.scaled_lookup,
             "neighbors_cosine": lambda t: graphs.neighbors(t, "cosine"),
             "neighbors_dot": lambda t: graphs.neighbors(t, "dot")}
 
@@ -26,8 +26,9 @@ def _write(path, values):
 
 class Lab:
     """The graphs of BUILDERS on `values` (float32 [vocab, width]) in `folder`. `values` is then this table as a
-    memory map of the data file the sessions read (`data`): one copy of its pages, however many read it. A session
-    loads the table into memory of its own where a kernel needs it whole, so runs open one at a time (close())."""
+    memory map of the data file the sessions read (`data`): one copy of its pages, however many read it. Every
+    graph's file is written by build(), or on first use. A session loads the table into memory of its own where a kernel
+    needs it whole, so runs open one at a time (close())."""
 
     def __init__(self, values, folder):
         self.folder, self.runners = folder, {}
@@ -35,6 +36,12 @@ class Lab:
         _write(self.data, values)
         release(values)
         self.values = np.memmap(self.data, np.float32, "r", shape=values.shape)
+
+    def build(self):
+        """Write every graph's file now, while little else is held (the caller has let the decoded table go):
+        each build holds a copy of the table for a while."""
+        for name in BUILDERS:
+            self._shell(name)
 
     def _shell(self, name):
         """The file of graph `name` on the table: built by its builder on the real table, its `embedding` then
@@ -60,10 +67,11 @@ class Lab:
 
     def runner(self, name, data=DATA, arena=False):
         """A session of graph `name` (on data file `data`), prepacking off: no kernel holds a packed copy beside
-        the table. `arena`: keep onnxruntime's CPU arena, for many runs of one shape."""
+        the table; its threads do not spin between runs (the reference's workers want the cores). `arena`: keep
+        onnxruntime's CPU arena, for many runs of one shape."""
         key = (name, data)
         if key not in self.runners:
-            self.runners[key] = Runner(self.path(name, data), prepacking=False, arena=arena)
+            self.runners[key] = Runner(self.path(name, data), prepacking=False, arena=arena, spinning=False)
         return self.runners[key]
 
     def stretched(self, token_id, factor):

@@ -2,6 +2,7 @@
 made into one token id by the model's tokenizer (the optional tokenizers library)."""
 import json
 import os
+import re
 
 from embed import UsageError
 from runtime.model.read import sidecars
@@ -9,6 +10,7 @@ from runtime.model.read.text import InspectError, printable
 
 TOKENIZER = "tokenizer.json"
 TOKENIZER_MOST = 64 * 2**20  # a tokenizer.json past this is not one (Gemma's is 34 MB)
+BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's byte fallback: made where no piece holds a byte
 
 
 class Vocabulary:
@@ -35,6 +37,24 @@ class Vocabulary:
     def encode(self, text):
         """The ids the tokenizer makes of `text` (no special tokens added, no padding or truncation), or None."""
         return None if self._tokenizer is None else self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def never_made(self):
+        """The ids of the tokens the tokenizer's model does not make of their own string (Magikarp's unreachable
+        tokens: `ĠParis` split back into its characters gives other merges first), or None without a tokenizer.
+        The model alone (BPE merges, a Unigram's best split, WordPiece's longest match), as a pre-tokenised word
+        reaches it; added and special tokens (matched before the model) and byte-fallback pieces (`<0xE3>`) are
+        left out."""
+        if self._tokenizer is None or self.strings is None:
+            return None
+        added = set(self._tokenizer.get_added_tokens_decoder())
+        model = self._tokenizer.model
+        never = []
+        for token_id, token in enumerate(self.strings):
+            if token and token_id not in added and not BYTE_PIECE.fullmatch(token):
+                made = model.tokenize(token)
+                if len(made) != 1 or made[0].id != token_id:
+                    never.append(token_id)
+        return never
 
     def exact(self, string):
         """The id of the token whose string is exactly `string` (the lowest, where two are), or None."""

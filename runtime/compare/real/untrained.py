@@ -12,13 +12,20 @@ from runtime.compare.bounds import Check
 REFERENCE = re.compile(r"<unused\d+>|\[unused\d+\]|<\|reserved_special_token_\d+\|>")  # Gemma, BERT, Llama 3
 PERCENTILE = 5  # a candidate's indicator reaches this percentile of the reference rows' own
 SHOWN = 20  # candidates --json lists, best first
+MARKED = "tokens the vocabulary marks unused or reserved (<unusedN>, [unusedN], <|reserved_special_token_N|>)"
+NEVER_MADE = ("tokens the tokenizer never makes of their own strings (its model on the token's string: merges, "
+              "best split or longest match give other tokens; added, special and byte pieces left out)")
 ROWS_AT_ONCE = 65536  # rows projected at a time: 160 MiB of float32 at width 640
 
 
 def reference_ids(vocabulary):
-    """The ids the vocabulary marks unused or reserved, by their strings."""
+    """(ids, how): the tokens the vocabulary marks unused or reserved, by their strings; else, where there are
+    not two, the tokens its tokenizer never makes of their own strings (Vocabulary.never_made); how says which."""
     strings = vocabulary.strings or []
-    return [i for i, token in enumerate(strings) if token is not None and REFERENCE.fullmatch(token)]
+    marked = [i for i, token in enumerate(strings) if token is not None and REFERENCE.fullmatch(token)]
+    if len(marked) >= 2:
+        return marked, MARKED
+    return (vocabulary.never_made() or []), NEVER_MADE
 
 
 def first_component(values):
@@ -35,12 +42,14 @@ def first_component(values):
     return vectors[:, -1], mean
 
 
-def indicator(values, vocabulary, tied):
+def indicator(values, vocabulary, tied, shown=SHOWN):
     """--json's `table.under_trained`: {"reference": {"how", "count"}, "indicator", "threshold", "candidates":
-    [{"id", "token", "score", "norm"}], "count", "verified": None}, or None where the table is not the unembedding
-    (an untied model's head is another table) or no token is marked unused (nothing to compare with)."""
-    reference = reference_ids(vocabulary)
-    if not tied or len(reference) < 2:
+    [{"id", "token", "score", "norm"}] (the first `shown`, best first), "count", "verified": None}, or None where the table is not the unembedding
+    (an untied model's head is another table) or fewer than two reference tokens (nothing to compare with)."""
+    if not tied:
+        return None
+    reference, how = reference_ids(vocabulary)
+    if len(reference) < 2:
         return None
     component, mean = first_component(values)
     target = np.asarray(values[reference], np.float64) - mean
@@ -58,9 +67,8 @@ def indicator(values, vocabulary, tied):
     marked = np.zeros(len(values), bool)
     marked[reference] = True
     passing = np.flatnonzero((scores >= threshold) & ~marked)
-    best = passing[np.argsort(-scores[passing], kind="stable")][:SHOWN]
-    return {"reference": {"how": "tokens the vocabulary marks unused or reserved (<unusedN>, [unusedN], "
-                                 "<|reserved_special_token_N|>)", "count": len(reference)},
+    best = passing[np.argsort(-scores[passing], kind="stable")][:shown]
+    return {"reference": {"how": how, "count": len(reference)},
             "indicator": "cosine to the reference rows' mean, the table's first principal component removed "
                          "(Land & Bartolo 2024)",
             "threshold": round(threshold, 6), "count": int(len(passing)),
@@ -74,8 +82,8 @@ def check(found, tied):
     if found is None:
         said = ("under-trained: not looked for: the model is not tied, and the indicator reads the head's rows, "
                 "another table" if not tied else
-                "under-trained: not looked for: the vocabulary marks no token unused or reserved, the reference the "
-                "indicator needs")
+                "under-trained: not looked for: the vocabulary marks no token unused or reserved, and its "
+                "tokenizer makes every token of its own string (or there is none): the indicator needs a reference")
     else:
         said = _line(found)
     return Check("under_trained", "token table", None, said, info=True, claim=said)
@@ -83,6 +91,7 @@ def check(found, tied):
 
 def _line(found):
     first = ", ".join(c["token"] or f"#{c['id']}" for c in found["candidates"][:5]) or "none"
+    reference = "unused" if found["reference"]["how"] == MARKED else "never-made"
     return (f"under-trained: {found['count']} tokens reach {found['threshold']:.3f}, the {PERCENTILE}th percentile "
-            f"of {found['reference']['count']} unused tokens' own indicator (cosine to their mean, first principal "
-            f"component out); first: {first}")
+            f"of {found['reference']['count']} {reference} tokens' own indicator (cosine to their mean, first "
+            f"principal component out); first: {first}")

@@ -1,0 +1,92 @@
+"""--verify-under-trained N: the indicator's top candidates put to the model itself, as Land & Bartolo verify them.
+A prompt shows the model a few times that a token is to be copied, then asks it to copy the candidate: a token the
+model learned, it copies with high probability; a row training never reached gives the token next to none. The
+model runs in onnxruntime from an empty past, the whole sequence again at each greedy step (no cache: any decoder
+layout runs the same way)."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from runtime.feeds import NoFeeds, feeds_for, plan
+
+PREAMBLE = "A copying machine prints back exactly the word it is given, every time."
+GIVEN, PRINTED, CLOSE = "\nGiven: «", "»\nPrinted: «", "»"
+SHOTS = 4  # worked copies of the candidate before the one asked for
+STEPS = 3  # greedy steps: the token may come after a space or a quote the model adds first
+CONFIRMS = 0.01  # the largest probability of the token in those steps under this confirms it
+IDS, LOGITS = "input_ids", "logits"
+
+
+def prompt_text():
+    """The prompt, the candidate shown as {token}."""
+    shot = f"{GIVEN}{{token}}{PRINTED}{{token}}{CLOSE}"
+    return PREAMBLE + shot * SHOTS + f"{GIVEN}{{token}}{PRINTED}"
+
+
+def prompt_ids(encode, token_id):
+    """The prompt's ids with `token_id` at every place the candidate stands (the token itself, whatever text the
+    tokenizer would make of its string); `encode` the tokenizer's text -> ids, no special tokens added."""
+    given, printed, close = encode(GIVEN), encode(PRINTED), encode(CLOSE)
+    shot = given + [token_id] + printed + [token_id] + close
+    return encode(PREAMBLE) + shot * SHOTS + given + [token_id] + printed
+
+
+def why_not(table, vocabulary):
+    """Why the candidates cannot be run (one line), or None: a GGUF file (onnxruntime runs ONNX), no tokenizer to
+    write the prompt, or a model file without `input_ids` in and `logits` out."""
+    if table.tokens is not None:
+        return "a GGUF file: onnxruntime runs ONNX models; verify on the model's ONNX export"
+    if vocabulary.encode("") is None:
+        return "no tokenizer to write the prompt (tokenizer.json beside the model, and the tokenizers library)"
+    model = onnx.load(table.model, load_external_data=False)
+    names = {v.name for v in model.graph.input}, {v.name for v in model.graph.output}
+    if IDS not in names[0] or LOGITS not in names[1]:
+        return f"{table.model} is not a decoder with an {IDS} input and a {LOGITS} output"
+    return None
+
+
+def _probabilities(session, model, shape, ids, token_id, vocab):
+    """The largest probability of `token_id` over STEPS greedy steps after `ids`."""
+    tokens, most = list(ids), 0.0
+    for _ in range(STEPS):
+        feeds = feeds_for(model, {IDS: vocab}, np.random.default_rng(0), shape["head_size"], 0, len(tokens))
+        feeds[IDS] = np.array([tokens], dtype=feeds[IDS].dtype)
+        if "use_cache_branch" in feeds:
+            feeds["use_cache_branch"] = np.zeros_like(feeds["use_cache_branch"])
+        (logits,) = session.run([LOGITS], feeds)
+        last = logits.reshape(-1, logits.shape[-1])[-1].astype(np.float64)
+        last = np.exp(last - last.max())
+        most = max(most, float(last[token_id] / last.sum()))
+        tokens.append(int(np.argmax(last)))
+    return most
+
+
+def verify(table, vocabulary, candidates, count):
+    """{"checked", "confirmed", "threshold", "prompt", "tokens": [{"id", "token", "probability"}]} of the first
+    `count` candidates ({"id", ...} best first), the model run under onnxruntime's default session options; or
+    {"checked": 0, "confirmed": 0, "why": line} where it cannot run."""
+    why = why_not(table, vocabulary)
+    if why is None:
+        model = onnx.load(table.model, load_external_data=False)
+        try:
+            session = ort.InferenceSession(table.model, providers=["CPUExecutionProvider"])
+            shape, found = plan(model, table.model), []
+            for c in candidates[:count]:
+                ids = prompt_ids(vocabulary.encode, c["id"])
+                probability = _probabilities(session, model, shape, ids, c["id"], table.vocab)
+                found.append({"id": c["id"], "token": c["token"], "probability": round(probability, 6)})
+        except (NoFeeds, ort.capi.onnxruntime_pybind11_state.Fail, RuntimeError) as e:
+            why = f"the model did not run: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+    if why is not None:
+        return {"checked": 0, "confirmed": 0, "why": why}
+    return {"checked": len(found), "confirmed": sum(t["probability"] < CONFIRMS for t in found),
+            "threshold": CONFIRMS, "prompt": prompt_text(), "tokens": found}
+
+
+def line(verified):
+    """The INFO line of verify()'s answer."""
+    if verified["checked"] == 0:
+        return f"under-trained: not verified: {verified['why']}"
+    return (f"under-trained: verified by running the model: {verified['confirmed']} of the top {verified['checked']} "
+            f"candidates confirmed (asked to copy one, the model gives it under {CONFIRMS:g} probability in each of "
+            f"{STEPS} greedy steps)")
