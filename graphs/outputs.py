@@ -1,6 +1,8 @@
 """The files a command is told to write, checked before any work (a path that is UTF-8, in a folder that exists
 and may be written) and written atomically with the user's usual mode."""
+import json
 import os
+import sys
 import tempfile
 
 
@@ -56,3 +58,12 @@ def write_text(path, text):
     except BaseException:
         os.unlink(staged)
         raise
+
+
+def write_json(path, data):
+    """`data` as indented JSON: to stdout where `path` is "-", else written to `path` atomically (write_text)."""
+    text = json.dumps(data, indent=2) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        write_text(path, text)

@@ -1,10 +1,11 @@
 """What every check measures against: float32's error bounds, bit comparisons, and the Check record."""
+import math
 import textwrap
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.bounds import U64, as64, dot_bounds, gamma
+from runtime.bounds import U, U64, as64, dot_bounds, gamma
 
 WIDTH = 120  # the report's lines, at most
 INDENT = "       "  # --verbose: the details under their check's line
@@ -45,12 +46,35 @@ class Check:
         return "\n".join(lines)
 
 
-def differing(a, b):
-    """How many values differ in their bits (float32 graph output against float32-exact reference floats)."""
+def differing_bits(a, b):
+    """(values whose bits differ, of them a signed zero against the other zero) between a graph's output and the
+    reference's floats: a sum of products turns the table's -0.0 into +0.0, equal as a value, so it is counted
+    apart. Shapes that differ count every value."""
     a, b = as64(a), as64(b)
     if a.shape != b.shape:
-        return max(a.size, b.size)
-    return int(np.count_nonzero(a.view(np.uint64) != b.view(np.uint64)))
+        return max(a.size, b.size), 0
+    bits = a.view(np.uint64) != b.view(np.uint64)
+    zeros = bits & (a == 0) & (b == 0)
+    return int(np.count_nonzero(bits & ~zeros)), int(np.count_nonzero(zeros))
+
+
+def differing(a, b):
+    """How many values differ in their bits (float32 graph output against float32-exact reference floats)."""
+    return sum(differing_bits(a, b))
+
+
+def differing_positions(got, want, scores, bounds):
+    """Positions where two neighbour lists differ beyond a tie: exact, except where the reference scores of the two
+    tokens lie within their bounds of each other (a length mismatch counts every missing position)."""
+    return abs(len(got) - len(want)) + sum(g != w and abs(scores[g] - scores[w]) > bounds[g] + bounds[w]
+                                           for g, w in zip(got, want))
+
+
+def scaled_tolerances(width):
+    """(relative bound of each value, of each norm ratio against sqrt(width), of |cosine - 1|) for rows times
+    float32(sqrt(width)): two roundings of at most u each (the root, the product), and a float64 norm or cosine
+    over `width` values; values off by <= 2u relative turn a cosine by <= (2u)^2 / 2."""
+    return 2 * U * (1 + U), math.sqrt(width) * (2 * U * (1 + U) + (width + 4) * U64), 2 * U * U + (width + 4) * U64
 
 
 def within(got, exact, bound):

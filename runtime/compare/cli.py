@@ -1,6 +1,5 @@
 """The command: parse, run every check in order, print one line each, write JSON."""
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import onnx
 import onnxruntime as ort
 
 import embed
-from graphs.outputs import write_text
+from graphs.outputs import write_json
 from runtime.bounds import U
 from runtime.compare.bounds import WIDTH, summary
 from runtime.compare.config import ModelConfig, parse
@@ -49,14 +48,6 @@ def huge_pages_env(config, environ=os.environ):
     if config.vocab * config.width < HUGE_FROM:
         return None
     return dict(environ, GLIBC_TUNABLES=":".join(filter(None, [tunables, HUGE_PAGES])))
-
-
-def _write_json(path, data):
-    text = json.dumps(data, indent=2) + "\n"
-    if path == "-":
-        sys.stdout.write(text)
-        return
-    write_text(path, text)
 
 
 def _run_child(command, env):
@@ -144,7 +135,7 @@ def main(argv=None, description="", impl=embed):
     if config.json:
         data = dict(config.as_dict(), stretch=reference.stretch, factor=reference.factor,
                     onnxruntime=ort.__version__, onnx=onnx.__version__, u=U)
-        _write_json(config.json, {"passed": failed == 0, "config": data, "checks": [asdict(c) for c in checks]})
+        write_json(config.json, {"passed": failed == 0, "config": data, "checks": [asdict(c) for c in checks]})
     return 1 if failed else 0
 
 

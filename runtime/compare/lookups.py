@@ -4,8 +4,11 @@ import math
 import numpy as np
 from onnx import numpy_helper
 
-from runtime.bounds import U64, U, as64
-from runtime.compare.bounds import Check, differing, within
+from runtime.bounds import as64
+from runtime.compare.bounds import Check, differing, scaled_tolerances, within
+
+
+ONEHOT_CLAIM = "OneHot+MatMul == embed.onehot_lookup == Gather, bit for bit"  # the generated and the real table's
 
 
 def check_table(config, reference, sessions):
@@ -52,7 +55,7 @@ def check_onehot(config, reference, sessions):
                   f"for bit; multiplications: Gather 0, one-hot {graph_products} = {len(ids)}x{vocab}x{width} (ids x vocab x "
                   "width)", float(bad_ref + bad_gather > 0), 0.0,
                   {"multiplications_gather": 0, "multiplications_onehot": graph_products},
-                  claim="OneHot+MatMul == embed.onehot_lookup == Gather, bit for bit")]
+                  claim=ONEHOT_CLAIM)]
 
 
 def check_scaled(config, reference, sessions):
@@ -62,12 +65,10 @@ def check_scaled(config, reference, sessions):
     scaled = as64(impl.scale_sqrt_d(rows))  # the scale depends on the width alone: the rows are enough
     rows = as64(rows)
     root = math.sqrt(width)
-    # float32(sqrt(w)) and the product: two roundings of at most u each, relative
-    ok_values, diff, worst = within(out, scaled, 2 * U * (1 + U) * np.abs(scaled))
+    value_tol, ratio_tol, cos_tol = scaled_tolerances(width)
+    ok_values, diff, worst = within(out, scaled, value_tol * np.abs(scaled))
     ratios = np.array([impl.norm(o) / impl.norm(r) for o, r in zip(out, rows)])
-    ratio_tol = root * (2 * U * (1 + U) + (width + 4) * U64)
     cosines = np.array([impl.cosine(o, r) for o, r in zip(out, rows)])
-    cos_tol = 2 * U * U + (width + 4) * U64  # values off by <= 2u relative turn a cosine by <= (2u)^2 / 2
     ok = ok_values and bool(np.all(np.abs(ratios - root) <= ratio_tol)) and bool(np.all(np.abs(cosines - 1) <= cos_tol))
     return [Check("scaled", "scaled_lookup", ok,
                   f"values == embed.scale_sqrt_d within 2u relative (worst {worst:.2f}); norm ratio "

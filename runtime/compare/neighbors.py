@@ -1,6 +1,6 @@
 """Neighbors by cosine and by dot, and the stretch claim: length moves the dot list, never the cosine list."""
 import graphs
-from runtime.compare.bounds import Check, cosine_bound, dot_bound, within
+from runtime.compare.bounds import Check, cosine_bound, differing_positions, dot_bound, within
 
 
 def score_bounds(reference, metric, tokens, factor=None):
@@ -14,13 +14,6 @@ def score_bounds(reference, metric, tokens, factor=None):
         return {t: impl.dot(table[t], query) for t in tokens}, {t: bound[t] for t in tokens}
     scores = {t: impl.cosine(table[t], query) for t in tokens}
     return scores, cosine_bound(reference, query, scores, factor)
-
-
-def _differing(got, want, scores, bounds):
-    """Positions where the lists differ beyond a tie: exact, except where the reference scores of the two tokens
-    are within their bounds of each other (a length mismatch counts every missing position)."""
-    return abs(len(got) - len(want)) + sum(g != w and abs(scores[g] - scores[w]) > bounds[g] + bounds[w]
-                                           for g, w in zip(got, want))
 
 
 def _graph_neighbors(config, reference, sessions, metric, factor=None):
@@ -38,7 +31,7 @@ def check_neighbors(config, reference, sessions):
         want = reference.neighbors(metric, config.k)
         scores, bounds = score_bounds(reference, metric, set(got) | set(want))
         ok_scores, diff, worst = within(got_scores, [scores[t] for t in got], [bounds[t] for t in got])
-        ok = ok_scores and config.query not in got and _differing(got, want, scores, bounds) == 0
+        ok = ok_scores and config.query not in got and differing_positions(got, want, scores, bounds) == 0
         shown = lambda ids: f"{ids[:8]}{'...' if len(ids) > 8 else ''}"
         checks.append(Check("neighbors", f"neighbors_{metric}", ok,
                             f"{config.listed()} of token {config.query} by {metric}: graph {shown(got)} vs "
@@ -71,7 +64,7 @@ def check_stretch(config, reference, sessions):
     after_cos, _ = _graph_neighbors(config, reference, sessions, "cosine", factor)
     after_dot, _ = _graph_neighbors(config, reference, sessions, "dot", factor)
     scores, bounds = score_bounds(reference, "cosine", set(after_cos) | set(before_cos), factor)
-    moved = _differing(after_cos, before_cos, scores, bounds)
+    moved = differing_positions(after_cos, before_cos, scores, bounds)
     reference_same = reference.neighbors("cosine", config.k, factor) == reference.neighbors("cosine", config.k)
     ok = moved == 0 and after_dot[:1] == [s] and reference_same
     return Check("stretch", graph, ok,

@@ -6,19 +6,9 @@ import math
 import numpy as np
 
 import embed
-from runtime.bounds import U, U64, as64, gamma
-from runtime.compare.bounds import Check, within
-
-
-def differing_bits(a, b):
-    """(values whose bits differ, of them a signed zero against the other zero): a sum of products turns the
-    table's -0.0 into +0.0, equal as a value, so it is counted apart."""
-    a, b = as64(a), as64(b)
-    if a.shape != b.shape:
-        return max(a.size, b.size), 0
-    bits = a.view(np.uint64) != b.view(np.uint64)
-    zeros = bits & (a == 0) & (b == 0)
-    return int(np.count_nonzero(bits & ~zeros)), int(np.count_nonzero(zeros))
+from runtime.bounds import U64, as64, gamma
+from runtime.compare.bounds import Check, differing_bits, differing_positions, scaled_tolerances, within
+from runtime.compare.lookups import ONEHOT_CLAIM
 
 
 def check_lookup(lab, rows, ids):
@@ -47,8 +37,7 @@ def check_onehot(lab, ids, products):
                  f"bit; {len(ids)}x{vocab}x{width} multiplications against Gather's 0{zeros}",
                  float(bad_ref + bad_gather), 0.0,
                  {"differing_reference": bad_ref, "differing_gather": bad_gather, "signed_zeros": zeros_gather},
-                 claim="OneHot+MatMul == embed.onehot_lookup == Gather, bit for bit"
-                       + (" (-0.0 as +0.0)" if zeros else ""))
+                 claim=ONEHOT_CLAIM + (" (-0.0 as +0.0)" if zeros else ""))
 
 
 def scores_and_bounds(rows, query, metric, tokens):
@@ -65,13 +54,6 @@ def scores_and_bounds(rows, query, metric, tokens):
     norm_q = embed.norm(q) * shrink
     return scores, {t: bound[t] / (embed.norm(rows[t]) * shrink * norm_q) + gamma(width + 4) * abs(scores[t])
                     for t in tokens}
-
-
-def differing_positions(got, want, scores, bounds):
-    """Positions where two lists differ beyond a tie: exact, except where the reference scores of the two tokens
-    lie within their bounds of each other."""
-    return abs(len(got) - len(want)) + sum(g != w and abs(scores[g] - scores[w]) > bounds[g] + bounds[w]
-                                           for g, w in zip(got, want))
 
 
 def graph_lists(lab, queries, k, metric, data=None):
@@ -142,11 +124,11 @@ def check_scaled(lab, rows, ids):
     looked = embed.lookup(rows, ids)
     scaled, looked = as64(embed.scale_sqrt_d(looked)), as64(looked)
     root = math.sqrt(width)
-    ok_values, diff, worst = within(out, scaled, 2 * U * (1 + U) * np.abs(scaled))  # sqrt(w) and the product
+    value_tol, ratio_tol, cos_tol = scaled_tolerances(width)
+    ok_values, diff, worst = within(out, scaled, value_tol * np.abs(scaled))
     live = [i for i, r in enumerate(looked) if embed.norm(r) > 0]  # a zero row has no direction to keep
     ratios = np.array([embed.norm(out[i]) / embed.norm(looked[i]) for i in live] or [root])
     cosines = np.array([embed.cosine(out[i], looked[i]) for i in live] or [1.0])
-    ratio_tol, cos_tol = root * (2 * U * (1 + U) + (width + 4) * U64), 2 * U * U + (width + 4) * U64
     ok = ok_values and bool(np.all(np.abs(ratios - root) <= ratio_tol)) and bool(np.all(np.abs(cosines - 1) <= cos_tol))
     return Check("scaled", "scaled_lookup", ok,
                  f"values == embed.scale_sqrt_d within 2u relative (worst {worst:.2f}); norm ratios "

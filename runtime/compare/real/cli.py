@@ -1,5 +1,4 @@
 """compare --model: read the table, run the lab's checks on it, measure what it shows, report."""
-import json
 import sys
 import tempfile
 from dataclasses import asdict
@@ -10,7 +9,7 @@ import onnxruntime as ort
 
 import embed
 from graphs.arrays import release
-from graphs.outputs import write_text
+from graphs.outputs import write_json
 from runtime.compare.bounds import Check, summary
 from runtime.compare.real import checks, figures, report, untrained, verify
 from runtime.compare.real.lab import Lab
@@ -192,11 +191,6 @@ def run(config):
 
 
 def _write_json(config, failed, found, data):
-    result = {"passed": failed == 0, "config": {**config.as_dict(), "onnxruntime": ort.__version__,
-                                                "onnx": onnx.__version__},
-              "checks": [asdict(c) for c in found], "table": data}
-    text = json.dumps(result, indent=2) + "\n"
-    if config.json == "-":
-        sys.stdout.write(text)
-    else:
-        write_text(config.json, text)
+    write_json(config.json, {"passed": failed == 0, "config": {**config.as_dict(), "onnxruntime": ort.__version__,
+                                                               "onnx": onnx.__version__},
+                             "checks": [asdict(c) for c in found], "table": data})

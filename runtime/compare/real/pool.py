@@ -2,8 +2,9 @@
 
 embed.py reads the table a row at a time (rows.Rows); over 262144 x 640 values a pass takes 8 to 25 s, and a run
 needs five: the queries' scores by both metrics (the first query's apart, its stretch waits on it), each one-hot
-id's product, the stretched row's lists. Each worker opens the lab's data file as a memory map (the same pages the sessions read), so
-the passes run two at a time on two cores while this process runs the graphs and the self-scores. Workers come
+id's product, the stretched row's lists. Each worker opens the lab's data file as a memory map (the same pages the
+sessions read), so the passes run two at a time on two cores while this process runs the graphs and the
+self-scores. Workers come
 from a forkserver: forking a process whose onnxruntime threads may hold locks can leave the child waiting forever.
 """
 import multiprocessing

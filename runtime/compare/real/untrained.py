@@ -44,8 +44,9 @@ def first_component(values):
 
 def indicator(values, vocabulary, tied, shown=SHOWN):
     """--json's `table.under_trained`: {"reference": {"how", "count"}, "indicator", "threshold", "candidates":
-    [{"id", "token", "score", "norm"}] (the first `shown`, best first), "count", "verified": None}, or None where the table is not the unembedding
-    (an untied model's head is another table) or fewer than two reference tokens (nothing to compare with)."""
+    [{"id", "token", "score", "norm"}] (the first `shown`, best first), "count", "verified": None}, or None where
+    the table is not the unembedding (an untied model's head is another table) or fewer than two reference tokens
+    (nothing to compare with)."""
     if not tied:
         return None
     reference, how = reference_ids(vocabulary)
