@@ -169,10 +169,12 @@ def proven_files(files, staged, scratch, limits, say, asked=Asked()):
         os.mkdir(where)
         # measured by its proof where that process is fresh: no other file's session run first for its inputs
         measure = len(tabled) == 1 and tabled[0] is f and not f.fed
-        prove = lambda in_place, folder, f=f, measure=measure: (staged, *proven_at(
-            f.plan, staged.path(f.name, fresh=bool(in_place)), folder, limits, f.fed, in_place, measure))
-        _, held[name], failures, weights, figures_of = proven_in_place(f.plan, where, said, prove)
-        figures = figures_of if measure else figures
+        prove = lambda in_place, folder, f=f, measure=measure: proven_at(
+            f.plan, staged.path(f.name, fresh=bool(in_place)), folder, limits, f.fed, in_place, measure)._replace(
+            staged=staged)
+        proof, weights = proven_in_place(f.plan, where, said, prove)
+        held[name], failures = proof.held, proof.failures
+        figures = proof.figures if measure else figures
         # a table stored anew (genai's [width, vocab] one, as "<name>_rows") counted under its old name too
         held[name].update({r.table: held[name][r.now] for r in rewritten if r.now in held[name]})
         if failures:
@@ -242,7 +244,7 @@ def _borrowed_tables(result, say):
     for group in result["across"]["vocabulary"]:
         if group["kind"] != "token":
             continue
-        owner, table, _ = next(m for m in group["members"] if m[2] == "lookup")
+        owner, table, _ = next(m for m in group["members"] if m.role == "lookup")
         looked_up = {it["file"] for it, _, role in group["members"] if role == "lookup"}
         for item, head, role in group["members"]:
             if role != "head" or item["file"] in looked_up or head["initializer"] == table["initializer"] and \

@@ -55,28 +55,35 @@ class Plan(NamedTuple):
     looked_up: dict | None = None
 
 
+class Proof(NamedTuple):
+    """A rewritten model proven: `staged` where it lies (graphs.storage.Staged: place() or discard(); None until the
+    caller that staged it sets it), `held` {table now: the copies a session holds under onnxruntime's defaults},
+    `failures` (empty: proven), `figures` the proof's session of it measured under the defaults, or None."""
+    staged: object
+    held: dict
+    failures: list
+    figures: dict | None
+
+
 def proven(plan, folder, limits, upstream=(), in_place=None, out=None):
     """Stage `plan`'s rewritten model (as `out` beside it, else in `folder`) and prove it there (proven_at, measured
-    where `out` is given: a single file): (the graphs.storage.Staged model, proven_at's held, failures and
-    figures); the caller places or discards it."""
+    where `out` is given: a single file): proven_at's Proof with its `staged`, the graphs.storage.Staged model;
+    the caller places or discards it."""
     limits.progress(f"writing the retied model beside {out}, to prove it" if out else
                     "writing the retied model to the scratch folder, to prove it")
     # checked, like everything else, in the child; proven where it is written, and placed as it was proven
     holder = stage(plan.model.proto, out or os.path.join(folder, "retied.onnx"), sources=plan.sources)
     try:
-        held, failures, measured = proven_at(plan, holder.path, folder, limits, upstream, in_place,
-                                             measure=out is not None)
+        proof = proven_at(plan, holder.path, folder, limits, upstream, in_place, measure=out is not None)
     except BaseException:
         holder.discard()
         raise
-    return holder, held, failures, measured
+    return proof._replace(staged=holder)
 
 
 def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=False):
     """Prove `plan`'s rewritten model, written at `staged` (isolated; `folder` the scratch folder its proof writes
-    in) and count the copies a session would hold under onnxruntime's defaults: ({table now: copies held},
-    failures: empty when proven, the figures of the proof's session of it under the defaults where `measure` and
-    they stand, else None). InspectError when the original cannot be run on the proof's feeds (nothing about the
+    in) and count the copies a session would hold under onnxruntime's defaults: a Proof, its `staged` None. InspectError when the original cannot be run on the proof's feeds (nothing about the
     retie is known). `upstream`: the inputs other files of a folder make (proof._fed_from); `in_place`: the weights
     retie.branches read in place (branches.Shared, its drift set from the proof), so the original is run with
     prepacking off and no session may prepack them; the plan's `keep` gets the proof's {"exact"} as its `kept`."""
@@ -111,7 +118,7 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
         if looked_up and not failures:
             failures += lookup_proof(plan, staged, replaced, folder, limits)
     except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
-        return {}, [f"failed, nothing written: {e}"], None
+        return Proof(None, {}, [f"failed, nothing written: {e}"], None)
     retied, retied_optimized = load(staged), folding.read_optimized(optimized, folder, answer)
     copies = runtime_copies(retied, retied_optimized, finals, answer.get("folded"))
     prepacked = prepacked_copies(retied_optimized.proto)
@@ -120,7 +127,7 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
         failures.append(f"onnxruntime still prepacks {packed[0]}, a weight read in place")
     held = _held(plan, retied, retied_optimized, (copies, prepacked), failures)
     figures = answer.get("measured")  # writing the layout held what they would count: measured again
-    return held, failures, figures if figures and answer["owned_bytes"] <= OWNED_MOST else None
+    return Proof(None, held, failures, figures if figures and answer["owned_bytes"] <= OWNED_MOST else None)
 
 
 def _held(plan, retied, retied_optimized, copies, failures):
@@ -190,21 +197,21 @@ def lookup_proof(plan, staged, replaced, folder, limits):
 def proven_in_place(plan, folder, say, prove):
     """A proof, a merged decoder's shared weights read in place first (branches.in_place); where that is not
     proven, the weights are left as they were and the rest proven alone. `prove(in_place, folder)` stages the
-    plan's model as it is then and proves it (proven()'s): (staged, with a discard(), held, failures, figures).
-    Returns (staged, held, failures, the weights read in place (branches.Shared, empty where none), figures)."""
+    plan's model as it is then and proves it (proven()'s Proof). Returns (that Proof, the weights read in place:
+    branches.Shared, empty where none)."""
     # --logits-to-keep alone leaves the weights as they are: its k = 0 is then the original as users run it, bit for bit
     weights, undo = (branches.in_place(plan.model, plan.found, say) if plan.rewritten else
                      (branches.Shared({}), lambda: None))
-    staged, held, failures, measured = prove(weights, folder)
-    if weights and failures:
-        say(f"retie: the weights its branches share are left as they are (read in place: {failures[0]})\n")
+    proof = prove(weights, folder)
+    if weights and proof.failures:
+        say(f"retie: the weights its branches share are left as they are (read in place: {proof.failures[0]})\n")
         undo()
-        staged.discard()
+        proof.staged.discard()
         # apart: nothing is overwritten
         weights, alone = branches.Shared({}), os.path.join(folder, "weights_as_they_were")
         os.mkdir(alone)
-        staged, held, failures, measured = prove(weights, alone)
-    return staged, held, failures, weights, measured
+        proof = prove(weights, alone)
+    return proof, weights
 
 
 def retie(model, found, out_path, folder, limits, say, asked=Asked()):
@@ -216,8 +223,9 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
         say(lines.NOTHING)
         return 0
     plan = Plan(model, found, rewritten, sources, keep, looked_up)
-    staged, held, failures, weights, measured = proven_in_place(
+    proof, weights = proven_in_place(
         plan, folder, say, lambda in_place, where: proven(plan, where, limits, (), in_place, out_path))
+    staged, held, failures, measured = proof.staged, proof.held, proof.failures, proof.figures
     try:
         if failures:
             say(lines.failure_line(failures[0]))

@@ -4,6 +4,7 @@ checked against config.json's tie_word_embeddings."""
 import dataclasses
 import json
 import os
+from typing import NamedTuple
 
 from runtime.model.findings import counting
 from runtime.model.findings.relations import Digests, Values, quantized_relation, stored_as_table, table_shaped
@@ -13,6 +14,14 @@ from runtime.model.read.model import label
 from runtime.resident import copies_held, originals_held
 
 _TIES = ("shared", "duplicate", "transposed_duplicate")
+
+
+class Member(NamedTuple):
+    """One table or head of a vocabulary group (`members` of relate_files' vocabulary entries): `item` the file's
+    {"file", "model", "info"}, `entry` the walker's table or head entry, `role` "lookup" or "head"."""
+    item: dict
+    entry: dict
+    role: str
 
 
 def config_tie(folder):
@@ -113,7 +122,8 @@ def relate_files(items):
     values, firsts, quantized, pairs = Values(), {}, {}, []
 
     def related(i, j, found):
-        pairs.append({"a": _side(*entries[i][:2]), "b": _side(*entries[j][:2]), "relation": found[0],
+        pairs.append({"a": _side(entries[i].item, entries[i].entry), "b": _side(entries[j].item, entries[j].entry),
+                      "relation": found[0],
                       "wasted_bytes": found[1]})
         join(i, j)
     for j, (item, entry, _) in enumerate(entries):
@@ -127,18 +137,20 @@ def relate_files(items):
         if key not in known:
             known[key] = j
             for q in quantized.get(shape, []):  # a quantized entry seen before it
-                if entries[q][0] is not item and (found := _quantized_across(item, entry, *entries[q][:2])):
+                if entries[q].item is not item and (found := _quantized_across(item, entry, entries[q].item,
+                                                                                   entries[q].entry)):
                     related(j, q, found)
                     break
-        elif entries[known[key]][0] is not item:
-            related(known[key], j, _same_across(*entries[known[key]][:2], item, entry))
+        elif entries[known[key]].item is not item:
+            first = entries[known[key]]
+            related(known[key], j, _same_across(first.item, first.entry, item, entry))
         else:  # the same values twice in one file: one table (its own report says how it is held)
             join(known[key], j)
     groups = {}
     for i in range(len(entries)):
         groups.setdefault(root(i), []).append(i)
     vocabulary = [_group(items, [entries[i] for i in members])
-                  for members in groups.values() if any(entries[i][2] == "lookup" for i in members)]
+                  for members in groups.values() if any(entries[i].role == "lookup" for i in members)]
     return {"pairs": pairs, "vocabulary": vocabulary}
 
 
@@ -148,7 +160,7 @@ def _relate_quantized(j, entries, quantized, floats, related):
     then the first of its values among `quantized` unless it duplicates one."""
     item, entry, _ = entries[j]
     for i in quantized:
-        found = entries[i][0] is not item and _quantized_across(*entries[i][:2], item, entry)
+        found = entries[i].item is not item and _quantized_across(entries[i].item, entries[i].entry, item, entry)
         if found:
             related(i, j, found)
             if found[0] not in _TIES:
@@ -156,14 +168,14 @@ def _relate_quantized(j, entries, quantized, floats, related):
             return
     quantized.append(j)
     for i in floats.values():  # at most one float value is this one up to rounding
-        found = entries[i][0] is not item and _quantized_across(*entries[i][:2], item, entry)
+        found = entries[i].item is not item and _quantized_across(entries[i].item, entries[i].entry, item, entry)
         if found:
             related(i, j, found)
             return
 
 
 def _entries(items):
-    """[(item, entry, role)]: every table of every file, and every head that can hold a table's values (of some
+    """[Member]: every table of every file, and every head that can hold a table's values (of some
     file's table's vocab x width, or a table itself), each stored tensor once per file and orientation (its
     lookup's entry; a head's too where only the head says how it is quantized). A layer's weight is not read."""
     entries, seen = [], {}
@@ -175,16 +187,16 @@ def _entries(items):
         for role, found in (("lookup", item["info"]["tables"]), ("head", heads)):
             for entry in found:
                 key = (item["file"], entry["initializer"], stored_as_table(entry))
-                if key not in seen or (entry.get("quant") and not entries[seen[key]][1].get("quant")):
+                if key not in seen or (entry.get("quant") and not entries[seen[key]].entry.get("quant")):
                     seen[key] = len(entries)
-                    entries.append((item, entry, role))
+                    entries.append(Member(item, entry, role))
     return entries
 
 
 def _group(items, members):
     """The across-files vocabulary entry of one table and every copy of it: stored once per distinct bytes (a data
     file's range, or a file's own tensor: one file named twice, or linked, is one file)."""
-    item, table, _ = next(m for m in members if m[2] == "lookup")
+    item, table, _ = next(m for m in members if m.role == "lookup")
     stored, identities = [], set()
     for it, entry, _ in members:
         tensor = it["model"].tensors[entry["initializer"]]
