@@ -125,7 +125,11 @@ def test_verify_runs_the_model_and_confirms_only_rows_it_cannot_copy(tmp_path):
         want = copier_probability(table, verify.prompt_ids(encode, t["id"]), t["id"], verify.STEPS)
         assert abs(t["probability"] - want) <= 1e-5 + 1e-3 * want, t
     assert (verified["checked"], verified["confirmed"]) == (3, 3)
-    assert "3 of the top 3 candidates confirmed" in " ".join(done.stdout.split())
+    (control,) = verified["controls"]  # the query, token 0: a trained row, which the copier copies
+    want = copier_probability(table, verify.prompt_ids(encode, 0), 0, verify.STEPS)
+    assert control["id"] == 0 and want > 0.5 and abs(control["probability"] - want) <= 1e-5 + 1e-3 * want
+    said = " ".join(done.stdout.split())
+    assert "3 of the top 3 candidates confirmed" in said and "the queries, asked the same way: " in said
     trained = next(i for i in range(vocab) if i not in unused + planted and np.linalg.norm(table[i]) > 5)
 
     from runtime.compare.real.source import find_table
@@ -134,7 +138,7 @@ def test_verify_runs_the_model_and_confirms_only_rows_it_cannot_copy(tmp_path):
                         [{"id": trained, "token": None}, {"id": planted[0], "token": None}], 2)
     want = copier_probability(table, verify.prompt_ids(encode, trained), trained, verify.STEPS)
     assert want > 0.5 and abs(ran["tokens"][0]["probability"] - want) <= 1e-5 + 1e-3 * want
-    assert (ran["checked"], ran["confirmed"]) == (2, 1)
+    assert (ran["checked"], ran["confirmed"], ran["controls"]) == (2, 1, [])
 
 
 def test_verify_says_why_it_cannot_run(tmp_path):

@@ -130,13 +130,14 @@ def _check_ids(ids, vocab):
         raise embed.UsageError(f"--ids: {bad} is out of range [0, {vocab}) (the table's rows)")
 
 
-def _verified(config, table, vocabulary, under, progress):
-    """--verify-under-trained's INFO Check; its answer set as `under`'s "verified"."""
+def _verified(config, table, vocabulary, under, progress, queries):
+    """--verify-under-trained's INFO Check (the `queries` asked too, as controls); its answer set as `under`'s
+    "verified"."""
     if under is None:
         said = "under-trained: not verified: no candidates were looked for (the line above says why)"
     else:
         progress(f"under-trained tokens: the model asked to copy the top {config.verify}")
-        under["verified"] = verify.verify(table, vocabulary, under["candidates"], config.verify)
+        under["verified"] = verify.verify(table, vocabulary, under["candidates"], config.verify, queries)
         said = verify.line(under["verified"])
     return Check("under_trained", "the model, run", None, said, info=True, claim=said)
 
@@ -167,7 +168,7 @@ def run(config):
             under = untrained.indicator(lab.values, vocabulary, table.tied, max(untrained.SHOWN, config.verify or 0))
             found.append(untrained.check(under, table.tied))
             if config.verify:
-                found.append(_verified(config, table, vocabulary, under, progress))
+                found.append(_verified(config, table, vocabulary, under, progress, list(lists)))
             data = report.table_json(table, vocabulary, lengths, longest, lists, scores, counts)
             data["under_trained"] = under
             lab.close()

@@ -61,32 +61,35 @@ def _probabilities(session, model, shape, ids, token_id, vocab):
     return most
 
 
-def verify(table, vocabulary, candidates, count):
-    """{"checked", "confirmed", "threshold", "prompt", "tokens": [{"id", "token", "probability"}]} of the first
-    `count` candidates ({"id", ...} best first), the model run under onnxruntime's default session options; or
-    {"checked": 0, "confirmed": 0, "why": line} where it cannot run."""
+def verify(table, vocabulary, candidates, count, controls=()):
+    """{"checked", "confirmed", "threshold", "prompt", "tokens": [{"id", "token", "probability"}], "controls": [the
+    same]} of the first `count` candidates ({"id", ...} best first) and of the `controls` ids (tokens the model
+    surely learned, the queries: asked the same way, they show the test can fail), the model run under
+    onnxruntime's default session options; or {"checked": 0, "confirmed": 0, "why": line} where it cannot run."""
     why = why_not(table, vocabulary)
     if why is None:
         model = onnx.load(table.model, load_external_data=False)
         try:
             session = ort.InferenceSession(table.model, providers=["CPUExecutionProvider"])
-            shape, found = plan(model, table.model), []
-            for c in candidates[:count]:
-                ids = prompt_ids(vocabulary.encode, c["id"])
-                probability = _probabilities(session, model, shape, ids, c["id"], table.vocab)
-                found.append({"id": c["id"], "token": c["token"], "probability": round(probability, 6)})
+            shape = plan(model, table.model)
+            asked = lambda token_id: round(_probabilities(session, model, shape, prompt_ids(vocabulary.encode,
+                                                                                           token_id),
+                                                          token_id, table.vocab), 6)
+            found = [{"id": c["id"], "token": c["token"], "probability": asked(c["id"])} for c in candidates[:count]]
+            checked = [{"id": t, "token": vocabulary.token(t), "probability": asked(t)} for t in controls]
         except (NoFeeds, ort.capi.onnxruntime_pybind11_state.Fail, RuntimeError) as e:
             why = f"the model did not run: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
     if why is not None:
         return {"checked": 0, "confirmed": 0, "why": why}
     return {"checked": len(found), "confirmed": sum(t["probability"] < CONFIRMS for t in found),
-            "threshold": CONFIRMS, "prompt": prompt_text(), "tokens": found}
+            "threshold": CONFIRMS, "prompt": prompt_text(), "tokens": found, "controls": checked}
 
 
 def line(verified):
     """The INFO line of verify()'s answer."""
     if verified["checked"] == 0:
         return f"under-trained: not verified: {verified['why']}"
+    controls = ", ".join(f"{c['token'] or '#' + str(c['id'])} {c['probability']:.3g}" for c in verified["controls"])
     return (f"under-trained: verified by running the model: {verified['confirmed']} of the top {verified['checked']} "
             f"candidates confirmed (asked to copy one, the model gives it under {CONFIRMS:g} probability in each of "
-            f"{STEPS} greedy steps)")
+            f"{STEPS} greedy steps)" + (f"; the queries, asked the same way: {controls}" if controls else ""))
