@@ -19,6 +19,7 @@ from runtime.compare.real.source import find_table
 from runtime.compare.real.tokens import resolve, vocabulary_of
 from runtime.model.read.text import InspectError, printable
 from runtime.progress import Progress
+from runtime.resident import give_back_heap
 
 DEFAULT_QUERIES = (" Paris", " king", " water")  # tried with a tokenizer; those that make one token are used
 
@@ -151,6 +152,7 @@ def run(config):
         progress(f"reading {config.model}")
         table = find_table(config.model, config.table)
         vocabulary = vocabulary_of(table)
+        give_back_heap()  # the tokenizer's parse: freed, yet resident
         queries = resolve(config.queries, vocabulary, table.vocab) if config.queries else None  # refused before work
         _check_ids(config.ids, table.vocab)
         progress(f"decoding {table.name} ({table.vocab} x {table.width}, {table.format})")

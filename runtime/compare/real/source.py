@@ -87,7 +87,7 @@ def _onnx_table(path, name):
     group = next((g for g in groups if name in (None, g["table"])), None)
     if group is None:
         raise InspectError(f"--table {name}: not a token table of {path} (its token tables: {', '.join(names)})")
-    item, entry, _ = next(m for m in group["members"] if m[2] == "lookup")
+    item, entry, _ = next(m for m in group["members"] if m.role == "lookup")
     quant = entry.get("quant") or next((e["quant"] for _, e, _ in group["members"]  # a head decoding the same codes
                                         if e["initializer"] == entry["initializer"] and e.get("quant")), None)
     vocabulary = next(v for v in item["info"]["vocabulary"] if v["table"] == entry["initializer"])

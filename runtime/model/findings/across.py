@@ -23,6 +23,11 @@ class Member(NamedTuple):
     entry: dict
     role: str
 
+    @property
+    def pair(self):
+        """(item, entry)."""
+        return self.item, self.entry
+
 
 def config_tie(folder):
     """(tie_word_embeddings as config.json says it, or its text_config; transformers' default True when the key is
@@ -39,7 +44,8 @@ def config_tie(folder):
     return True
 
 
-def _side(item, entry):
+def _side(member):
+    item, entry = member.pair
     return {"file": item["file"], "name": entry["initializer"], "graph": entry.get("graph", "main")}
 
 
@@ -122,9 +128,7 @@ def relate_files(items):
     values, firsts, quantized, pairs = Values(), {}, {}, []
 
     def related(i, j, found):
-        pairs.append({"a": _side(entries[i].item, entries[i].entry), "b": _side(entries[j].item, entries[j].entry),
-                      "relation": found[0],
-                      "wasted_bytes": found[1]})
+        pairs.append({"a": _side(entries[i]), "b": _side(entries[j]), "relation": found[0], "wasted_bytes": found[1]})
         join(i, j)
     for j, (item, entry, _) in enumerate(entries):
         shape = (entry["vocab"], entry["width"])
@@ -137,13 +141,11 @@ def relate_files(items):
         if key not in known:
             known[key] = j
             for q in quantized.get(shape, []):  # a quantized entry seen before it
-                if entries[q].item is not item and (found := _quantized_across(item, entry, entries[q].item,
-                                                                                   entries[q].entry)):
+                if entries[q].item is not item and (found := _quantized_across(item, entry, *entries[q].pair)):
                     related(j, q, found)
                     break
         elif entries[known[key]].item is not item:
-            first = entries[known[key]]
-            related(known[key], j, _same_across(first.item, first.entry, item, entry))
+            related(known[key], j, _same_across(*entries[known[key]].pair, item, entry))
         else:  # the same values twice in one file: one table (its own report says how it is held)
             join(known[key], j)
     groups = {}
@@ -160,7 +162,7 @@ def _relate_quantized(j, entries, quantized, floats, related):
     then the first of its values among `quantized` unless it duplicates one."""
     item, entry, _ = entries[j]
     for i in quantized:
-        found = entries[i].item is not item and _quantized_across(entries[i].item, entries[i].entry, item, entry)
+        found = entries[i].item is not item and _quantized_across(*entries[i].pair, item, entry)
         if found:
             related(i, j, found)
             if found[0] not in _TIES:
@@ -168,7 +170,7 @@ def _relate_quantized(j, entries, quantized, floats, related):
             return
     quantized.append(j)
     for i in floats.values():  # at most one float value is this one up to rounding
-        found = entries[i].item is not item and _quantized_across(entries[i].item, entries[i].entry, item, entry)
+        found = entries[i].item is not item and _quantized_across(*entries[i].pair, item, entry)
         if found:
             related(i, j, found)
             return
