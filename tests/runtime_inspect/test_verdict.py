@@ -153,6 +153,18 @@ def test_a_one_table_report_is_short_and_a_folder_adds_a_line_a_file():
     assert all(f"== {f}" in verbose for f in files_of(path)) and "dtype" in verbose  # each file's report, in full
 
 
+def test_a_folder_of_one_file_does_not_say_no_other_file_holds_its_table():
+    """A folder whose client loads one file (genai's model.onnx): "no table held in more than one file" says nothing
+    there (issue 57: a line of the 20 on SmolLM2's Optimum folder); a folder of two files, none holding another's
+    table (whisper's encoder and decoder), still says it."""
+    one = inspected(os.path.join(FIXTURES, "genai_fp32"), "--static").stdout
+    assert "1 file(s) a client loads together" in " ".join(one.split())
+    assert "no table held in more than one file" not in one
+    two = inspected(os.path.join(FIXTURES, "folders", "optimum_whisper"), "--static").stdout
+    assert "2 file(s) a client loads together" in " ".join(two.split())
+    assert "no table held in more than one file" in two
+
+
 def test_a_logits_head_is_one_whose_product_is_a_graph_output():
     # failed before issue 39: whisper's key and value projections of the position table's shape were logits heads
     path = os.path.join(FIXTURES, "folders", "optimum_whisper")

@@ -71,7 +71,7 @@ def folder_body(result, out, verbose=False):
     if verbose:
         for line in _same_across(across["pairs"]):
             w(line)
-    if not across["pairs"]:
+    if not across["pairs"] and len(files) > 1:  # of one file, nothing else could hold it
         w("no table held in more than one file")
 
 
