@@ -143,6 +143,17 @@ def _dim(name, head_size, past, sequence):
     return sequence
 
 
+USE_CACHE_BRANCH = "use_cache_branch"  # a merged decoder's bool input: true reads the past, false is a first step
+
+
+def no_past_branch(feeds):
+    """`feeds` set for a merged decoder's branch that reads no past (USE_CACHE_BRANCH false, the first step's);
+    a model without that input's feeds as they are."""
+    if USE_CACHE_BRANCH in feeds:
+        feeds[USE_CACHE_BRANCH] = np.zeros_like(feeds[USE_CACHE_BRANCH])
+    return feeds
+
+
 def feeds_for(model, rows, rng, head_size=None, past=PAST, sequence=SEQUENCE):
     """Inputs a decoder accepts: ids within the rows of the table each feeds (`rows`), attention_mask ones over
     past + new tokens, position_ids counting on from the past, past_key_values random of the right shapes

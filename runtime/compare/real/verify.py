@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from runtime.feeds import NoFeeds, feeds_for, plan
+from runtime.feeds import NoFeeds, feeds_for, no_past_branch, plan
 
 PREAMBLE = "A copying machine prints back exactly the word it is given, every time."
 GIVEN, PRINTED, CLOSE = "\nGiven: «", "»\nPrinted: «", "»"
@@ -51,8 +51,7 @@ def _probabilities(session, model, shape, ids, token_id, vocab):
     for _ in range(STEPS):
         feeds = feeds_for(model, {IDS: vocab}, np.random.default_rng(0), shape["head_size"], 0, len(tokens))
         feeds[IDS] = np.array([tokens], dtype=feeds[IDS].dtype)
-        if "use_cache_branch" in feeds:
-            feeds["use_cache_branch"] = np.zeros_like(feeds["use_cache_branch"])
+        no_past_branch(feeds)
         (logits,) = session.run([LOGITS], feeds)
         last = logits.reshape(-1, logits.shape[-1])[-1].astype(np.float64)
         last = np.exp(last - last.max())

@@ -6,7 +6,7 @@ import os
 from runtime.bounds import NARROW, bound_words
 from runtime.model.findings import counting
 from runtime.model.findings.counting import human, times
-from runtime.feeds import describe
+from runtime.feeds import USE_CACHE_BRANCH, describe
 
 NOTHING = "retie: nothing to do: no table is held twice in a form --retie rewrites (any left is named above)\n"
 
@@ -65,7 +65,7 @@ def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None, repl
         size = f"{size / 2**20:.1f} MiB" if size >= 2**20 // 10 else f"{size} bytes"
         changed.append(f"the {len(weights.sizes)} weight{'s' if len(weights.sizes) != 1 else ''} its branches share "
                        f"({size}, each prepacked once per branch before) read in place")
-    merged = any(v.name == "use_cache_branch" for v in model.proto.graph.input)
+    merged = any(v.name == USE_CACHE_BRANCH for v in model.proto.graph.input)
     feeds = describe(shape) + (", both branches of use_cache_branch" if merged else "") + "".join(
         f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
     return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "

@@ -9,7 +9,7 @@ from onnx import helper, numpy_helper
 
 from runtime.model.read.checked import source
 from runtime.model.read.model import load
-from runtime.feeds import shaped_feeds
+from runtime.feeds import no_past_branch, shaped_feeds
 from runtime.runner import Runner
 
 IDS_AT_ONCE = 8192  # ids looked up a run: 8192 rows of a 2048-wide float32 table are 64 MiB
@@ -104,8 +104,7 @@ def greedy(session, proto, ids, job):
         for _ in range(NEW_TOKENS):
             feeds = shaped_feeds(proto, job["rows"], job["shape"], len(tokens), past=0)
             feeds[ids] = np.array([tokens], dtype=feeds[ids].dtype)
-            if "use_cache_branch" in feeds:
-                feeds["use_cache_branch"] = np.zeros_like(feeds["use_cache_branch"])
+            no_past_branch(feeds)
             (logits,) = session.run([job["logits"]], feeds)
             last = logits.reshape(-1, logits.shape[-1])[-1]
             first = last.astype(np.float64) if first is None else first

@@ -11,7 +11,7 @@ from runtime.model.read.checked import source
 from runtime.model.read.model import load
 from runtime.inspect.sandbox import agree, headrows
 from runtime.inspect.sandbox.exposed import shown_copy
-from runtime.feeds import NoFeeds, describe, shaped_feeds, steps
+from runtime.feeds import USE_CACHE_BRANCH, NoFeeds, describe, no_past_branch, shaped_feeds, steps
 from runtime.inspect.sandbox.folding import made_at_load
 from runtime.inspect.sandbox.jobs import kept_heads_of, rewritten_of
 from runtime.inspect.sandbox.originals import given
@@ -253,10 +253,10 @@ def _branch_feeds(model, rows, shape, sequence, past):
     """[(what, feeds)]: the proof's feeds, and for a merged decoder (a bool `use_cache_branch` input) the same with
     the branch that reads no past too, so that both branches run."""
     feeds = shaped_feeds(model, rows, shape, sequence, past=past)
-    if "use_cache_branch" not in feeds or feeds["use_cache_branch"].dtype != np.bool_:
+    if USE_CACHE_BRANCH not in feeds or feeds[USE_CACHE_BRANCH].dtype != np.bool_:
         return [("", feeds)]
     return [(", use_cache_branch true", feeds),
-            (", use_cache_branch false", dict(feeds, use_cache_branch=np.zeros_like(feeds["use_cache_branch"])))]
+            (", use_cache_branch false", no_past_branch(dict(feeds)))]
 
 
 def _fed_from(feeds, upstream, made):

@@ -67,17 +67,15 @@ def _flops(count):
 def run(job, model, folder, proto):
     """In the child: one run of `model` (bytes or a path; its data in `folder`) at job["tokens"] new tokens and no
     past, profiled: {"run_seconds", "head_seconds"}, or {"why"} where its feeds cannot be made."""
-    import numpy as np
     import onnxruntime as ort
 
-    from runtime.feeds import NoFeeds, shaped_feeds
+    from runtime.feeds import NoFeeds, no_past_branch, shaped_feeds
     from runtime.runner import read_data_from
     try:
         feeds = shaped_feeds(proto, job["rows"], dict(job["shape"], past=0), job["tokens"])
     except NoFeeds as e:
         return {"why": f"not timed: {e}"}
-    if "use_cache_branch" in feeds:  # a merged decoder's prefill: the branch that reads no past
-        feeds["use_cache_branch"] = np.zeros_like(feeds["use_cache_branch"])
+    no_past_branch(feeds)  # a merged decoder's prefill: the branch that reads no past
     options = read_data_from(ort.SessionOptions(), folder)  # onnxruntime's defaults, its profiler on
     options.log_severity_level = 3
     options.enable_profiling = True
