@@ -20,27 +20,33 @@ from runtime.model.read.model import load
 from tests.helpers import inspected, model_of
 
 
-def _model(tmp_path, before="Tanh", after=False, scale=None, vocab=512, width=1024):
+def _model(tmp_path, before="Tanh", after=False, scale=None, vocab=512, width=1024, external=False):
     """A tied head (through a Transpose) reading a hidden vector made by `before` ("Tanh", or "Mul" by a scalar
     `scale`), its product the logits unless `after` (then a bias Add follows); 2 MiB inline, so a session of its
-    own writes the layout. Its path."""
+    own writes the layout (onnxruntime folds the Transpose into a copy of the table). With `external`, the head's
+    weight a transposed copy of the table stored beside it (TorchScript's tied export; nothing folded) and both in
+    a data file: the session measured then writes the layout. Its path."""
     rng = np.random.default_rng(7)
     extra = [numpy_helper.from_array(np.array(scale, np.float32), "scale")] if scale is not None else []
     product = "product" if after else "logits"
     nodes = [helper.make_node("Gather", ["embedding", "ids"], ["embeddings"]),
              helper.make_node(before, ["x"] + (["scale"] if scale is not None else []), ["hidden"]),
-             helper.make_node("Transpose", ["embedding"], ["t"], perm=[1, 0]),
              helper.make_node("MatMul", ["hidden", "t"], [product])]
+    if not external:
+        nodes.insert(2, helper.make_node("Transpose", ["embedding"], ["t"], perm=[1, 0]))
     if after:
         nodes.append(helper.make_node("Add", [product, "bias"], ["logits"]))
         extra.append(numpy_helper.from_array(rng.standard_normal(vocab).astype(np.float32), "bias"))
-    table = numpy_helper.from_array(rng.standard_normal((vocab, width)).astype(np.float32), "embedding")
+    values = rng.standard_normal((vocab, width)).astype(np.float32)
+    table = numpy_helper.from_array(values, "embedding")
+    if external:
+        extra.append(numpy_helper.from_array(np.ascontiguousarray(values.T), "t"))
     path = str(tmp_path / "m.onnx")
     graphs.save(model_of(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
                                  helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", width])],
                          [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["n", width]),
                           helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", vocab])],
-                         [table] + extra), path)
+                         [table] + extra), path, external=external)
     return path
 
 
@@ -49,16 +55,17 @@ def _inspected(path, where, proving):
     return inspect_model(path, str(where), isolated.Limits(300, proving=proving))
 
 
-def _ahead(tmp_path):
+def _ahead(tmp_path, external=False):
     """(the model's path, inspect_model's dict with a retie to come, the proof's feed sets, the values it shows)."""
-    path = _model(tmp_path)
+    path = _model(tmp_path, external=external)
     info = _inspected(path, tmp_path / "scratch", True)
     return path, info, proof.proof_feeds({"rows": info["rows"], "shape": info["shape"]}, info["model"].proto), \
         ["hidden"]
 
 
-def test_the_outputs_given_ahead_are_the_proofs_own_run_of_the_original_bit_for_bit(tmp_path):
-    path, info, feed_sets, watched = _ahead(tmp_path)
+@pytest.mark.parametrize("external", [False, True])  # the layout written apart, or by the session measured
+def test_the_outputs_given_ahead_are_the_proofs_own_run_of_the_original_bit_for_bit(tmp_path, external):
+    path, info, feed_sets, watched = _ahead(tmp_path, external)
     olds = originals.given(info["originals"], feed_sets, watched)
     assert olds is not None and len(olds) == len(feed_sets) >= 2  # every step of the proof, the hidden vector shown
     session, shown = proof._original(load(path).proto, str(tmp_path), watched, True)  # as the proof opens it
@@ -95,16 +102,18 @@ def _seen(info):
     return info["runtime_copies"], info["prepacked"]
 
 
-@pytest.mark.parametrize("before, after, scale", [("Tanh", False, None), ("Mul", False, 2.0), ("Tanh", True, None)])
-def test_the_report_is_the_same_with_a_retie_to_come(tmp_path, before, after, scale):
+@pytest.mark.parametrize("before, after, scale, external", [("Tanh", False, None, False), ("Mul", False, 2.0, False),
+                                                             ("Tanh", True, None, False), ("Tanh", False, None, True)])
+def test_the_report_is_the_same_with_a_retie_to_come(tmp_path, before, after, scale, external):
     # a hidden vector MatMulScaleFusion folds into the head (Mul by a scalar), or a product MatMul + Add -> Gemm
     # reads (a bias after the head): shown as an output, the fusion would not be made and the layout, whose kernels
     # and copies the report says, would be another model's; so nothing is shown there
-    path = _model(tmp_path, before, after, scale)
+    path = _model(tmp_path, before, after, scale, external=external)
     found = {proving: _inspected(path, tmp_path / str(proving), proving) for proving in (True, False)}
     assert _seen(found[True]) == _seen(found[False]) and found[False]["originals"] is None
     assert (found[True]["originals"] is None) == (before == "Mul" or after)
-    assert any(c.get("copy_of") == "embedding" for c in found[True]["runtime_copies"])  # the folded Transpose
+    assert any(c.get("copy_of") == "embedding" for c in found[True]["runtime_copies"]) != external  # the folded
+    # Transpose; the stored copy's session measured shows the hidden vector (a few KiB more): its layout the same
 
 
 def test_nothing_is_run_ahead_without_a_retie_to_come(tmp_path):

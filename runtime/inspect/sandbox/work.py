@@ -64,7 +64,7 @@ def measure(job):
     import onnxruntime
 
     from runtime.feeds import first_feeds
-    from runtime.resident import let_go, owned_bytes, resident, session_growth, sessions_growth
+    from runtime.resident import let_go, owned_bytes, session_growth
     (model, folder), (shell, shell_folder), proto = _model(job)
     feeds = first_feeds(proto, job["rows"], job["shape"])
     if not job.get("layout"):
@@ -76,12 +76,33 @@ def measure(job):
         owned = 0
     else:  # with its data at once where a copy to compare will be made (folding.made_at_load)
         written = folding.made_at_load(proto, job.get("sizes"))
-        figures = sessions_growth([(model, folder, feeds, job["layout"], written)], job["prepacking"], measure=resident)
-        owned, ahead = None, None
+        figures, ahead = _measured_showing(job, (model, folder), proto, feeds, written)
+        owned = None
     layout = _proto(job["layout"])
     return {**figures, "onnxruntime": onnxruntime.__version__, "originals": ahead,
             "owned_bytes": owned_bytes(proto, layout) if owned is None else owned,
             **_data_written(job["layout"], (shell, shell_folder), proto, layout, job.get("sizes"), written)}
+
+
+def _measured_showing(job, model, proto, feeds, written):
+    """(sessions_growth's figures of the session measured, which writes the layout; the original's outputs saved
+    for a --retie's proof, or None). Where `job` is proving (jobs.proving), that session shows the heads' hidden
+    vectors (a few KiB of outputs more) and, once measured, runs the proof's feeds (_ahead): the proof then loads
+    the original no more (issue 57's decision). Where onnxruntime refuses the model with them shown, the model as
+    it is."""
+    from runtime.resident import resident, sessions_growth
+    shown, showing = _shown(proto, job["proving"]["show"]) if job.get("proving") else (None, None)
+    kept = []
+    if showing is not None:
+        try:
+            figures = sessions_growth([(showing.SerializeToString(), model[1], feeds, job["layout"], written)],
+                                      job["prepacking"], measure=resident, keep=kept)
+            return figures, _ahead(kept.pop(), shown, proto, job)
+        except MemoryError:
+            raise
+        except Exception:  # noqa: BLE001 - refused with them shown: measured as it is, the proof runs the original
+            kept.clear()
+    return sessions_growth([(*model, feeds, job["layout"], written)], job["prepacking"], measure=resident), None
 
 
 def _layout_apart(job, model, shell, proto):
@@ -103,25 +124,26 @@ def _written_apart(shell, path, proto, sizes, job=None):
     layout, or, where the optimizer will make a tensor of one of `sizes` elements whose values are then compared
     (folding.made_at_load; `sizes` None: any), the model with its data at once, one session fewer. (Whether the data
     was written, the original's outputs saved for a --retie's proof or None): where `job` (a measure job or part)
-    is proving (jobs.proving), the layout's session shows the heads' hidden vectors and runs the proof's feeds
-    (_ahead)."""
+    is proving (jobs.proving), the session that writes it, the layout or the model with its data, shows the heads'
+    hidden vectors and runs the proof's feeds (_ahead)."""
     from runtime.runner import layout_session, write_optimized_layout, write_optimized_model
-    if folding.made_at_load(proto, sizes):
-        write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
-        return True, None
+    data = folding.made_at_load(proto, sizes)
     shown, model = _shown(proto, job["proving"]["show"]) if (job or {}).get("proving") else (None, None)
-    if model is not None:
+    if model is not None:  # the same session runs the proof's feeds: the proof loads the original no more
         folder = shell[1] or os.path.dirname(os.path.abspath(shell[0]))
         try:  # the same layout: only values no fusion reads are shown (originals.shown_ahead)
-            session = layout_session(model, path, data_folder=folder)
+            session = layout_session(model, path, data_folder=folder, data=data)
         except MemoryError:
             raise
         except Exception:  # noqa: BLE001 - onnxruntime refusing the model with them shown: the layout as it is
             session = None
         if session is not None:
-            return False, _ahead(session, shown, proto, job)
-    write_optimized_layout(shell[0], path, data_folder=shell[1])
-    return False, None
+            return data, _ahead(session, shown, proto, job)
+    if data:
+        write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
+    else:
+        write_optimized_layout(shell[0], path, data_folder=shell[1])
+    return data, None
 
 
 def _shown(proto, names):
