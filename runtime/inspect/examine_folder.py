@@ -7,6 +7,7 @@ from runtime.inspect import examine
 from runtime.model.findings import counting
 from runtime.model.findings.counting import DEFAULTS, SETTINGS
 from runtime.model.findings.across import config_tie, held_together, quantized_heads, relate_files, tie_finding
+from runtime.model.findings.copies import widened_others
 from runtime.model.read import paths as read_paths
 from runtime.model.read.layout import client_files, variants
 from runtime.inspect.sandbox import isolated, jobs, memory
@@ -93,6 +94,13 @@ def _items(files, infos):
     return [{"file": name, "model": info["model"], "info": info} for name, info in zip(files, infos)]
 
 
+def widened(group, items):
+    """What the CPU provider's float32 widenings of each file's other weights (not the group's tensors) add
+    beyond those weights as stored (findings.copies.widened_others): the memory ratio counts them as held."""
+    return sum(widened_others(it["model"], it["info"].get("runtime_copies"),
+                              {m.entry["initializer"] for m in group["members"] if m.item is it}) for it in items)
+
+
 def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static=False, settings=DEFAULTS):
     """Everything a folder's report shows: {folder, rule, items: [{file, model, info}], across: relate_files' with
     each vocabulary entry's in_memory, config_tie and tie_finding, onnxruntime}. `chosen`: the names --files gave,
@@ -111,7 +119,8 @@ def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static
     weights = sum(t.nbytes for it in items for t in it["model"].tensors.values())
     for group in across["vocabulary"]:
         stored = sum(s["bytes"] for s in group["stored"])
-        group["in_memory"] = counting.not_counted() if static else held_together(group, items, measured, weights - stored)
+        others = weights - stored + widened(group, items)  # the other weights as the sessions hold them
+        group["in_memory"] = counting.not_counted() if static else held_together(group, items, measured, others)
         group["config_tie"] = config if group["kind"] == "token" else None
         group["tie_finding"] = tie_finding(group, config, items)
         group["quantized_heads"] = quantized_heads(group, items)

@@ -286,3 +286,16 @@ def test_the_memory_ratio_counts_the_other_weights_as_widened():
     others = float16_others(path, "lm_head.MatMul.weight")
     added = widened_others(load(path), data["runtime_copies"], {"lm_head.MatMul.weight"})
     assert added == sum(2 * int(np.prod(t.dims)) for t in others)  # float32's 4 bytes where float16 stored 2
+
+
+def test_a_folders_memory_ratio_counts_the_other_weights_as_widened_too(tmp_path):
+    """The folder form of the same model said 7.11x where its file said 3.36x (SmolLM2's genai fp16): across the
+    files, the other weights are counted as the sessions hold them, widened, as in a file's report: the bytes
+    examine_folder.widened adds to them are float32's 4 where float16 stored 2, for each weight but the table."""
+    from runtime.inspect.examine_folder import inspect_folder, widened
+    from runtime.inspect.sandbox import isolated
+    path = model_in("genai_fp16")
+    result = inspect_folder(os.path.dirname(path), str(tmp_path), isolated.Limits(300))
+    (group,) = [v for v in result["across"]["vocabulary"] if v["kind"] == "token"]
+    assert widened(group, result["items"]) == sum(2 * int(np.prod(t.dims))
+                                                  for t in float16_others(path, "lm_head.MatMul.weight")) > 0
