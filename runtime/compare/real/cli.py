@@ -67,16 +67,18 @@ class _Stretch:
         self.choice, self.after = None, None
 
     def poll(self):
-        if self.first is not None and self.first.ready():
-            self.choice = checks.stretch_choice(self.first.get()[self.query]["logits"], self.query, self.before)
-            self.after = self.choice and self.pool.submit("scores", [self.query], (len(self.before), False),
-                                                          self.choice)
-            self.first = None
+        if self.first is None or not self.first.ready():
+            return
+        self.choice = checks.stretch_choice(self.first.get()[self.query]["logits"], self.query, self.before)
+        if self.choice is not None:
+            self.after = self.pool.submit("scores", [self.query], (len(self.before), False), self.choice)
+        self.first = None
 
     def result(self):
         """(choice, embed's lists after the stretch, {} without a choice)."""
-        self.first is not None and self.first.wait()
-        self.poll()
+        if self.first is not None:
+            self.first.wait()
+            self.poll()
         return self.choice, self.after.get()[self.query] if self.after else {}
 
 
