@@ -172,6 +172,7 @@ def run(config):
             under = untrained.indicator(lab.values, vocabulary, table.tied, max(untrained.SHOWN, config.verify or 0))
             found.append(untrained.check(under, table.tied))
             if config.verify:
+                release(lab.values)  # read whole again by the indicator: the model's session comes next
                 found.append(_verified(config, table, vocabulary, under, progress, list(lists)))
             data = report.table_json(table, vocabulary, lengths, longest, lists, scores, counts)
             data["under_trained"] = under

@@ -4,10 +4,13 @@ model learned, it copies with high probability; a row training never reached giv
 model runs in onnxruntime from an empty past, the whole sequence again at each greedy step (no cache: any decoder
 layout runs the same way)."""
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from runtime.feeds import NoFeeds, feeds_for, no_past_branch, plan
+from runtime.model.read import paths
+from runtime.model.read.checked import source
+from runtime.model.read.model import load
+from runtime.runner import read_data_from
 
 PREAMBLE = "A copying machine prints back exactly the word it is given, every time."
 GIVEN, PRINTED, CLOSE = "\nGiven: «", "»\nPrinted: «", "»"
@@ -31,6 +34,13 @@ def prompt_ids(encode, token_id):
     return encode(PREAMBLE) + shot * SHOTS + given + [token_id] + printed
 
 
+def _checked(table):
+    """The table's ONNX model read again by the checked reader: its shell (large tensors left where they lie, never
+    parsed into a protobuf: Gemma 3's inline 1.74 GB file), its external data inside its folder."""
+    path, root = paths.model_path(table.model)
+    return load(path, root=root)
+
+
 def why_not(table, vocabulary):
     """Why the candidates cannot be run (one line), or None: a GGUF file (onnxruntime runs ONNX), no tokenizer to
     write the prompt, or a model file without `input_ids` in and `logits` out."""
@@ -38,7 +48,7 @@ def why_not(table, vocabulary):
         return "a GGUF file: onnxruntime runs ONNX models; verify on the model's ONNX export"
     if vocabulary.encode("") is None:
         return "no tokenizer to write the prompt (tokenizer.json beside the model, and the tokenizers library)"
-    model = onnx.load(table.model, load_external_data=False)
+    model = _checked(table).proto
     names = {v.name for v in model.graph.input}, {v.name for v in model.graph.output}
     if IDS not in names[0] or LOGITS not in names[1]:
         return f"{table.model} is not a decoder with an {IDS} input and a {LOGITS} output"
@@ -67,9 +77,16 @@ def verify(table, vocabulary, candidates, count, controls=()):
     onnxruntime's default session options; or {"checked": 0, "confirmed": 0, "why": line} where it cannot run."""
     why = why_not(table, vocabulary)
     if why is None:
-        model = onnx.load(table.model, load_external_data=False)
+        checked = _checked(table)
+        model = checked.proto
         try:
-            session = ort.InferenceSession(table.model, providers=["CPUExecutionProvider"])
+            held = source(checked.checked)  # the file onnxruntime opens is the one checked, by its descriptor
+            try:
+                opened, folder = held.as_user()
+                session = ort.InferenceSession(opened, read_data_from(ort.SessionOptions(), folder),
+                                               providers=["CPUExecutionProvider"])
+            finally:
+                held.close()
             shape = plan(model, table.model)
             asked = lambda token_id: round(_probabilities(session, model, shape, prompt_ids(vocabulary.encode,
                                                                                            token_id),
