@@ -2,7 +2,6 @@
 (tensor data onnxruntime maps from the model's files) pages, and what one session adds to it."""
 import collections
 import contextlib
-import ctypes
 import gc
 import math
 import os
@@ -41,17 +40,6 @@ def proportional():
     a page mapped by several sessions (one external data file two sessions map) counts once in all."""
     fields = _kib("/proc/self/smaps_rollup", ("Pss", "Pss_Anon", "Pss_File", "Pss_Shmem"))
     return Resident(fields["Pss"], fields["Pss_Anon"], fields["Pss_File"] + fields.get("Pss_Shmem", 0))
-
-
-def give_back_heap():
-    """Hand the C heap's freed pages back to the system (glibc's malloc_trim; nothing elsewhere). A parse that
-    builds and drops much (a tokenizer.json of 33 MB in the tokenizers library: 300 MiB) leaves its memory freed
-    but resident, counted in this process's Pss until something reuses it."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)
 
 
 def options(prepacking=True):
@@ -162,7 +150,7 @@ def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=pro
         sessions[-1].run(None, feeds)
     peak = _kib("/proc/self/status", ("VmHWM",)).get("VmHWM") if peaks else None
     untrimmed = measure()
-    after = measure() if _trim() else untrimmed  # what the sessions hold: the free heap glibc kept returned
+    after = measure() if give_back_heap() else untrimmed  # what the sessions hold: the free heap glibc kept returned
     if keep is not None:
         keep += sessions
     del sessions
@@ -274,11 +262,13 @@ def let_go():
     """Return what this process freed to the system (a session let go): collected, and glibc's free heap trimmed
     (malloc_trim), so that the next session's peak is its own. Nothing where the C library has no malloc_trim."""
     gc.collect()
-    _trim()
+    give_back_heap()
 
 
-def _trim():
-    """glibc's malloc_trim(0): every free page of its heaps returned to the system. Whether it could be called."""
+def give_back_heap():
+    """glibc's malloc_trim(0): every free page of its heaps returned to the system (a parse that builds and drops
+    much, a tokenizer.json of 33 MB in the tokenizers library, leaves 300 MiB freed but resident otherwise).
+    Whether it could be called (nothing happens elsewhere than glibc)."""
     import ctypes
     import ctypes.util
     try:

@@ -42,17 +42,18 @@ def _checked(table):
 
 
 def why_not(table, vocabulary):
-    """Why the candidates cannot be run (one line), or None: a GGUF file (onnxruntime runs ONNX), no tokenizer to
-    write the prompt, or a model file without `input_ids` in and `logits` out."""
+    """(why the candidates cannot be run, one line, or None; the checked model where they can): a GGUF file
+    (onnxruntime runs ONNX), no tokenizer to write the prompt, or a model file without `input_ids` in and `logits`
+    out."""
     if table.tokens is not None:
-        return "a GGUF file: onnxruntime runs ONNX models; verify on the model's ONNX export"
+        return "a GGUF file: onnxruntime runs ONNX models; verify on the model's ONNX export", None
     if vocabulary.encode("") is None:
-        return "no tokenizer to write the prompt (tokenizer.json beside the model, and the tokenizers library)"
-    model = _checked(table).proto
-    names = {v.name for v in model.graph.input}, {v.name for v in model.graph.output}
+        return "no tokenizer to write the prompt (tokenizer.json beside the model, and the tokenizers library)", None
+    checked = _checked(table)
+    names = {v.name for v in checked.proto.graph.input}, {v.name for v in checked.proto.graph.output}
     if IDS not in names[0] or LOGITS not in names[1]:
-        return f"{table.model} is not a decoder with an {IDS} input and a {LOGITS} output"
-    return None
+        return f"{table.model} is not a decoder with an {IDS} input and a {LOGITS} output", None
+    return None, checked
 
 
 def _probabilities(session, model, shape, ids, token_id, vocab):
@@ -75,9 +76,8 @@ def verify(table, vocabulary, candidates, count, controls=()):
     same]} of the first `count` candidates ({"id", ...} best first) and of the `controls` ids (tokens the model
     surely learned, the queries: asked the same way, they show the test can fail), the model run under
     onnxruntime's default session options; or {"checked": 0, "confirmed": 0, "why": line} where it cannot run."""
-    why = why_not(table, vocabulary)
+    why, checked = why_not(table, vocabulary)
     if why is None:
-        checked = _checked(table)
         model = checked.proto
         try:
             held = source(checked.checked)  # the file onnxruntime opens is the one checked, by its descriptor
