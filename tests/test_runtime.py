@@ -234,9 +234,24 @@ def test_a_failed_compare_leaves_nothing_behind(monkeypatch, tmp_path):
     monkeypatch.setattr(runtime.compare.sessions, "build_all", broken)
     with pytest.raises(RuntimeError, match="graph building failed"):
         compare.main(SMALL)
-    assert os.listdir(tmp_path) == []  # the scratch folder
+    # the scratch folder (multiprocessing's pymp- folder is the process's, made by the first pool, removed at exit)
+    assert [n for n in os.listdir(tmp_path) if not n.startswith("pymp-")] == []
     assert shared() == before  # the table the second process read
     assert multiprocessing.active_children() == []  # the second process
+
+
+def test_a_signal_while_the_reference_starts_its_passes_leaves_nothing_behind(tmp_path):
+    # the shared table exists before the Reference is made: a signal then (here, while it ranks the query's logits
+    # to pick the stretch) found no Reference to close, and the table stayed in /dev/shm
+    impl = faulty_embed(tmp_path, "lead_factor", "def lead_factor(scores, query, token, beat_query=False):\n"
+                                                 "    if beat_query:\n"
+                                                 "        raise Terminated(15)\n"
+                                                 "    return _real.lead_factor(scores, query, token, beat_query)")
+    shared = lambda: {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
+    before = shared()
+    with pytest.raises(embed.Terminated):
+        compare.main(SMALL, impl=impl)
+    assert shared() == before
 
 
 def test_compare_fails_on_a_wrong_table_graph(monkeypatch, capsys):

@@ -1,5 +1,4 @@
 """The command: parse, run every check in order, print one line each, write JSON."""
-import contextlib
 import os
 import subprocess
 import sys
@@ -119,14 +118,14 @@ def main(argv=None, description="", impl=embed):
     with tempfile.TemporaryDirectory(prefix="onnx-lab-compare-") as folder:
         pool = Pool()
         try:
-            with contextlib.closing(Reference(config, pool, impl, progress)) as reference:
-                sessions = Sessions(config, folder, pool, progress)
-                progress.done()
-                print(header(config), file=report)
-                checks = run_checks(config, reference, sessions, report, progress)
-                if config.export:
-                    print(f"wrote the {sessions.export(config.export)} graphs of graphs.export to {config.export}",
-                          file=report)
+            reference = Reference(config, pool, impl, progress)
+            sessions = Sessions(config, folder, pool, progress)
+            progress.done()
+            print(header(config), file=report)
+            checks = run_checks(config, reference, sessions, report, progress)
+            if config.export:
+                print(f"wrote the {sessions.export(config.export)} graphs of graphs.export to {config.export}",
+                      file=report)
         finally:
             pool.close()
             progress.done()

@@ -6,8 +6,14 @@ computed here; while a started one runs, this process takes the last tasks still
 later), so neither process idles. No check sees any of this: the Reference and the Sessions ask it.
 """
 import multiprocessing
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import shared_memory
+
+import numpy as np
+
+_ENDING = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # the signals that end a run by raising
 
 
 def quiet(stage):
@@ -22,6 +28,20 @@ class Pool:
         context = multiprocessing.get_context("forkserver")
         self._executor = ProcessPoolExecutor(max_workers=1, mp_context=context) if enabled else None
         self._futures, self._local, self._done = {}, {}, {}
+        self._shared = []
+
+    def share(self, array):
+        """The name of shared memory holding a copy of `array` for the second process to read, freed by close().
+        The pool holds it from the moment it exists (signals held off meanwhile), so a run ended by a signal or
+        an error at any point leaves nothing in /dev/shm: its owner's close() is in a finally already."""
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING)
+        try:
+            memory = shared_memory.SharedMemory(create=True, size=max(1, array.nbytes))
+            self._shared.append(memory)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a signal that came meanwhile is raised here
+        np.ndarray(array.shape, array.dtype, memory.buf)[...] = array
+        return memory.name
 
     def submit(self, key, function, args, local):
         """Start function(*args) in the second process (module-level, picklable); `local()` computes the same here."""
@@ -57,8 +77,18 @@ class Pool:
         return future.result()
 
     def close(self, timeout=10.0):
-        """Stop the second process and drop what it had not done; safe to call twice. Ends within a few `timeout`s
-        whatever the worker was doing: nothing here waits on the executor's threads without a limit."""
+        """Stop the second process, drop what it had not done and free the shared memory; safe to call twice. Ends
+        within a few `timeout`s whatever the worker was doing: nothing here waits on the executor's threads without
+        a limit."""
+        try:
+            self._stop(timeout)
+        finally:
+            while self._shared:
+                memory = self._shared.pop()
+                memory.close()
+                memory.unlink()
+
+    def _stop(self, timeout):
         executor, self._executor = self._executor, None
         if executor is None:
             return

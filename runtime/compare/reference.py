@@ -105,13 +105,13 @@ def head_reference(spec, vocab, width, seed, hidden):
 
 
 class Reference:
-    """embed's answers for `config`'s table, memoised on their arguments. close() frees the shared memory the second
-    process reads the table from (contextlib.closing)."""
+    """embed's answers for `config`'s table, memoised on their arguments. The table the second process reads is the
+    pool's to free (Pool.share)."""
 
     def __init__(self, config, pool=None, impl=embed, progress=quiet):
         self.config, self.embed, self.progress = config, impl, progress
         self.pool = pool or Pool(enabled=False)
-        self._memo, self._shared = {}, None
+        self._memo = {}
         self._spec = (impl.__name__, getattr(impl, "__file__", None))
         vocab, width, seed = config.vocab, config.width, config.seed
         self.hidden = impl.make_table(4, width, seed + 2)  # float32-exact hidden vectors
@@ -130,13 +130,6 @@ class Reference:
         self.user_factor = config.factor is not None
         self.factor = config.factor if self.user_factor else (self.lead(beat_query=False) or 2.0)
         _start_passes(self)
-
-    def close(self):
-        """Free the shared table (the pool is its owner's to close); safe to call twice."""
-        if self._shared is not None:
-            self._shared.close()
-            self._shared.unlink()
-            self._shared = None
 
     def _memoised(self, key, compute):
         if key not in self._memo:
@@ -204,8 +197,7 @@ def _start_passes(self):
     """The passes later checks of Reference `self` ask for, in the order they ask, to the second process."""
     if not self.pool.enabled:
         return
-    self._shared = shared_memory.SharedMemory(create=True, size=self.table64.nbytes)
-    np.ndarray(self.table64.shape, np.float64, self._shared.buf)[:] = self.table64
+    shared = self.pool.share(self.table64)
     distinct = tuple(dict.fromkeys(self.config.ids))
     work = [(("onehot", distinct), None, "onehot", distinct), (("neighbors", None, "cosine"), None, "neighbors", "cosine")]
     work += [(("neighbors", self.factor, metric), self.factor, "neighbors", metric) for metric in ("dot", "cosine")]
@@ -213,7 +205,7 @@ def _start_passes(self):
     top = self.factor if self.user_factor else self.lead(beat_query=True)
     if top is not None:
         work.append((("logits", top, self.config.query), top, "logits", self.config.query))
-    source = _Source(self._spec, self._shared.name, self.table64.shape, self.stretch)
+    source = _Source(self._spec, shared, self.table64.shape, self.stretch)
     for key, factor, what, argument in work:
         if key in self._memo:
             continue
