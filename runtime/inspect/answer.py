@@ -42,11 +42,12 @@ def line(text):
     return wrap(printable(text))
 
 
-def lines(verdict, vocabulary, where, process, static):
+def lines(verdict, vocabulary, where, process, static, folder_files=1):
     """The verdict's lines: one (and its fix or why not) per failing entry, or one line saying all is well; then
     each head that scores every prompt position (informational). `vocabulary`
     {table: its vocabulary entry} (sizes and format); `where` {table: the files that store it} for a folder (else
-    empty); `process` what holds the sessions ("a session", "the client's process")."""
+    empty); `process` what holds the sessions ("a session", "the client's process"); `folder_files` how many
+    files a folder has (a table's file is named where there are several)."""
     found = []
     for e in [e for e in verdict if e["kind"] in FAILING]:
         v = vocabulary.get(e["table"], {})
@@ -64,28 +65,28 @@ def lines(verdict, vocabulary, where, process, static):
                          f"{held}; wasted: {', '.join(wasted)}")
         found.append(f"  fix: {e['fix']} (writes a copy that holds it once)" if e["fix"] else
                      f"  no --retie fix: {e['why_not']}")
-    return (found or _all_well(vocabulary, process, static)) + quantized(verdict, vocabulary, bool(where)) + \
+    return (found or _all_well(vocabulary, process, static)) + quantized(verdict, vocabulary, folder_files > 1) + \
         scored(verdict, bool(where))
 
 
 def quantized(verdict, vocabulary, folder):
-    """The lines of the verdict's quantized_copy entries: the float table its head holds again as codes, and what
+    """The lines of the verdict's quantized_copy entries: the float table its head holds again as codes (its file
+    named where several are `folder`'s; its size is the fix's saving and the vocabulary's line), and what
     --lookup-from-head would save and change (or why it cannot)."""
     said = []
     for e in (e for e in verdict if e["kind"] == "quantized_copy"):
         v = vocabulary.get(e["table"], {})
-        size = f" ({v['vocab_size']} x {v['width']} {v['format']}, {human(v['bytes'])})" if v else ""
         where = f" ({e['file']})" if folder else ""
-        said.append(f"{e['table']}{size}{where}: " + (f"held again as head {e['head']}'s {e['bits']}-bit codes"
+        said.append(f"{e['table']}{where}: " + (f"held again as head {e['head']}'s {e['bits']}-bit codes"
                                                       if e["quantized"] == "head" else
                                                       f"looked up as {e['bits']}-bit codes of head {e['head']}'s values"))
         if not e["fix"]:
             said.append(f"  no --retie fix: {e['why_not']}")
             continue
         memory = _memory_saved(e, v)
-        said.append(f"  fix: {e['fix']} (opt-in: saves {human(e['wasted_bytes_on_disk'])} on disk{memory}; each "
-                    f"looked-up element moves to the head's, within {e['max_error_in_scales']:.2f} of its "
-                    "quantization step, and the retie measures the greedy tokens' agreement)")
+        said.append(f"  fix: {e['fix']} (opt-in: saves {human(e['wasted_bytes_on_disk'])} on disk{memory}; "
+                    f"looked-up values move within {e['max_error_in_scales']:.2f} of a quantization step; the retie "
+                    "measures greedy agreement)")
     return said
 
 
@@ -97,8 +98,7 @@ def _memory_saved(e, vocabulary):
         return ""
     resident = ((vocabulary.get("in_memory") or {}).get("defaults") or {}).get("times_table")
     if resident is not None and resident < 0.5:
-        return (f"; in memory it is held but mapped from its data file, not resident (a run: {resident:.2f}x the "
-                "table beyond the other weights), so little is saved there")
+        return f"; in memory little: mapped from its data file, a run left {resident:.2f}x the table resident"
     return f" and {human(e['wasted_bytes_in_memory'])} in memory"
 
 
@@ -114,20 +114,20 @@ def _not_resident(e, vocabulary):
     return f" held, yet resident after a run only {resident:.2f}x the table beyond the other weights"
 
 
-def scored(verdict, folder):
+def scored(verdict, folder, named=True):
     """The lines of the verdict's informational entries, each head that scores every prompt position (its file
-    named in a `folder`'s report), as lines() ends with them."""
-    return [line for e in verdict if e["kind"] == "all_positions_scored" for line in _scored(e, folder)]
+    named in a `folder`'s report; called "the head" where not `named`), as lines() ends with them."""
+    return [line for e in verdict if e["kind"] == "all_positions_scored" for line in _scored(e, folder, named)]
 
 
-def _scored(e, folder):
+def _scored(e, folder, named):
     """The lines of an all_positions_scored entry: the bytes of logits a prefill makes, and its fix or why none."""
     where = f" ({e['file']})" if folder else ""
     read = human(e["logits_bytes"] - e["wasted_bytes_in_memory"])
-    return [f"{e['table']}{where}: scores all {e['prompt_tokens']} prompt positions: {human(e['logits_bytes'])} of "
-            f"logits a prefill, where a generating client reads {read}"] + _share(e) + [
-            f"  fix: {e['fix']} (writes a copy whose head scores the last position only)" if e["fix"] else
-            f"  no --retie fix: {e['why_not']}"]
+    head = f"{e['table']}{where}: scores" if named else "the head scores"
+    return [f"{head} all {e['prompt_tokens']} prompt positions, {human(e['logits_bytes'])} of logits"] + _share(e) + [
+            f"  fix: {e['fix']} (writes a copy that scores the last position only: {read})" if e["fix"] else
+            f"  no --retie fix: {e['why_not']} (a generating client reads {read} of them)"]
 
 
 def _share(e):

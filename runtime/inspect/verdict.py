@@ -36,10 +36,8 @@ _PACKED = ("packed_shared", "packed_duplicate")  # remedy()'s int4 forms: MatMul
 
 def why_not_widened(fmt):
     """Why no retie removes a copy onnxruntime's CPU provider makes of a `fmt` (float16, bfloat16) head's weight."""
-    return (f"onnxruntime's CPU provider multiplies in float32: it widens the {fmt} head's weight to a float32 copy "
-            "at load (a MatMul prepacks that; a Gemm on the run-time view reads it in place), whatever the file "
-            "holds: no rewrite that keeps the table "
-            f"{fmt} removes it")
+    return (f"onnxruntime's CPU provider multiplies in float32: it widens the {fmt} head's weight at load, "
+            f"whatever the file holds; no rewrite keeping the table {fmt} removes it")
 
 
 def _widened(copies, table):

@@ -286,9 +286,10 @@ def test_a_quantized_head_is_no_lost_tie(tjs_folders):
 def test_a_transformersjs_folder_read_whole_names_each_variants_quantized_copy(tjs_folders):
     original, _ = tjs_folders
     said = unwrapped(inspected(original, "--static").stdout)  # every variant: the lines open with its dtype
-    for dtype in ("q4", "q4f16"):
-        assert any(line.startswith(f"{dtype}: transformer.wte.weight (512 x 64 ") and "held again as head" in line
-                   for line in said), dtype
+    for dtype, size in (("q4", "128.0 KiB"), ("q4f16", "64.0 KiB")):  # 512 x 64 float32, float16: in the fix
+        (line,) = [line for line in said if line.startswith(f"{dtype}: transformer.wte.weight: held again as head ")]
+        fix = said[said.index(line) + 1]
+        assert fix.startswith(f"  fix: --retie OUT --lookup-from-head (opt-in: saves {size} on disk"), fix
     assert sum(line.startswith("  fix: --retie OUT --lookup-from-head") for line in said) == 2
 
 

@@ -220,9 +220,11 @@ def test_a_decoder_scoring_every_prompt_position_is_stated_at_a_prompt_length(na
     assert (entry["prompt_tokens"], entry["logits_bytes"]) == (tokens, tokens * vocab * size)
     assert entry["wasted_bytes_in_memory"] == (tokens - 1) * vocab * size
     assert entry["fix"] == "--retie OUT --logits-to-keep 1" and entry["why_not"] is None
-    line = [x for x in unwrapped(inspected(path, *args).stdout) if "prompt positions" in x][0]
-    assert f"scores all {tokens} prompt positions: {human(tokens * vocab * size)} of logits a prefill, where a " \
-           f"generating client reads {human(vocab * size)}" in line
+    said = unwrapped(inspected(path, *args).stdout)
+    line = [x for x in said if "prompt positions" in x][0]
+    assert line.endswith(f": scores all {tokens} prompt positions, {human(tokens * vocab * size)} of logits")
+    assert said[said.index(line) + 2] == ("  fix: --retie OUT --logits-to-keep 1 (writes a copy that scores the last "
+                                          f"position only: {human(vocab * size)})")
     assert run_inspect(path, "--check", *args).stdout.splitlines()[-1].startswith("--check: failed (1): ")  # not it
 
 
@@ -266,7 +268,7 @@ def test_a_float16_head_held_twice_names_the_cpu_providers_float32_widening(name
     why = entry["why_not"]
     assert "MatMulNBits" not in why and "int4" not in why
     assert why.startswith("onnxruntime's CPU provider multiplies in float32: it widens the float16 head's weight "
-                          "to a float32 copy at load"), why
+                          "at load"), why
     copies = data["runtime_copies"] if "runtime_copies" in data else data["files"][0]["runtime_copies"]
     assert [c["bytes"] for c in copies if c.get("copy_of") == head.input[1] and c.get("view") == "widened"] == [
         weight.dims[0] * weight.dims[1] * 4]  # the float32 copy it names is in onnxruntime's optimized model

@@ -4,7 +4,7 @@ then a short body; the detail under --verbose."""
 from runtime.inspect import answer
 from runtime.model.findings import counting
 from runtime.model.findings.copies import WIDENED
-from runtime.model.findings.counting import human, times
+from runtime.model.findings.counting import human
 from runtime.model.findings.vocabulary import SMALL_COPY
 
 _DISTINCT_LISTED = 16  # more distinct pairs than this are counted in the text report, not listed
@@ -145,29 +145,44 @@ def _runtime_copies(info, w, verbose):
         return
     small = [c for c in info["runtime_copies"] if c["bytes"] < SMALL_COPY and "copy_of" not in c]
     others = [c for c in info["runtime_copies"] if c not in small and "copy_of" not in c]  # no table's values
-    for c in info["runtime_copies"]:
-        if c in small or (c in others and not verbose):
-            continue
-        if c.get("view") == "prepacked":
-            where = f" in {c['graph']}" if "graph" in c else ""
-            by = f"{c['kernel']} node {c['node']!r}" if c["node"] else f"a {c['kernel']} node"
-            w(f"prepacked copy of {c['copy_of']}{where}: {human(c['bytes'])}, made at load by {by} (its own layout "
-              "of the weight)")
-            continue
-        what = f" = {c['copy_of']}{'' if c['view'] == 'same' else ' ' + c['view']}" if "copy_of" in c else ""
+    for line in _table_copies([c for c in info["runtime_copies"] if "copy_of" in c]):
+        w(line)
+    for c in others if verbose else []:
         where = f" in {c['graph']}" if "graph" in c else ""
-        w(f"runtime copy {c['name']}{where} {c['shape']}: {human(c['bytes'])} added by onnxruntime's optimizations"
-          f"{what}")
+        w(f"runtime copy {c['name']}{where} {c['shape']}: {human(c['bytes'])} added by onnxruntime's optimizations")
     if others and not verbose:  # a 30-layer float16 model's 212 widened weights: one line, not 212
         widened = all(c["name"].startswith(WIDENED) for c in others)
-        w(f"runtime copies of other weights: {len(others)}, {human(sum(c['bytes'] for c in others))}, added by "
-          f"onnxruntime's optimizations{' (its float32 widenings of float16 weights)' if widened else ''}; none "
-          "holds a table's values (--verbose lists them)")
+        w(f"runtime copies of {len(others)} other weights, {human(sum(c['bytes'] for c in others))}: "
+          f"{'their float32 widenings' if widened else 'folded by its optimizations'} (--verbose lists them)")
     if small and verbose:
         w(f"runtime copies under {SMALL_COPY} bytes: {len(small)} (folded constants), "
           f"{sum(c['bytes'] for c in small)} bytes in all")
     if not info["runtime_copies"]:
         w("runtime copies: none (onnxruntime's optimized model adds no initializer)")
+
+
+def _table_copies(copies):
+    """One line per weight whose values onnxruntime holds again (runtime copies with `copy_of`): each copy its
+    optimizations folded (its name and how it differs: --json has its shape) with what a kernel prepacked of it,
+    and each copy a kernel prepacked of the weight itself."""
+    folded = {c["name"]: c for c in copies if c.get("view") != "prepacked"}
+    packed = {}
+    for c in copies:
+        if c.get("view") == "prepacked":
+            packed.setdefault(c["copy_of"], []).append(c)
+    by = lambda c: (f"prepacked by {c['kernel']} node {c['node']!r}" if c["node"] else
+                    f"prepacked by a {c['kernel']} node") + f", {human(c['bytes'])}"
+    groups = {}
+    for c in copies:
+        weight = c["copy_of"] if c["copy_of"] not in folded else folded[c["copy_of"]]["copy_of"]
+        if c.get("view") != "prepacked":
+            groups.setdefault((weight, c.get("graph")), []).append(", ".join(
+                [f"{c['name']} {'as stored' if c['view'] == 'same' else c['view']}, {human(c['bytes'])}"] +
+                [by(p) for p in packed.get(c["name"], [])]))
+        elif c["copy_of"] not in folded:
+            groups.setdefault((weight, c.get("graph")), []).insert(0, by(c))
+    for (weight, graph), said in groups.items():
+        yield f"runtime copies of {weight}{f' in {graph}' if graph else ''}: {'; '.join(said)}"
 
 
 def _details(v):
@@ -196,8 +211,8 @@ def _tie(v):
     if v["tie_relation"] != "shared":
         return f"not one tensor: head {v['head']} holds a {v['tie_relation'].replace('_', ' ')} of it"
     held = v["tables_in_memory"]
-    if held is not None and held > 1:
-        return f"one tensor with head {v['head']} on disk, held {times(held)} by a session"
+    if held is not None and held > 1:  # the copies held: the in-memory line below
+        return f"one tensor with head {v['head']} on disk"
     return f"tied to head {v['head']}"
 
 
@@ -239,4 +254,4 @@ def as_json(info, path=None, verdict=True):
                                          "table_graph", "head_graph")}
                       for p in info["pairs"]],
             "runtime_copies": info["runtime_copies"], "branch_weights": info["branch_weights"],
-            "prefill": info.get("prefill", [])}
+            "prefill": info.get("prefill", []), "prepacked_unrecorded": info.get("unrecorded")}

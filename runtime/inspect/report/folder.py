@@ -17,7 +17,7 @@ def verdict_lines(result, verdict):
     each table with its size and the files that store it."""
     groups = {v["table"]: v for v in result["across"]["vocabulary"]}
     return answer.lines(verdict, groups, {t: _stored_in(v) for t, v in groups.items()}, "the client's process",
-                        result["onnxruntime"] is None)
+                        result["onnxruntime"] is None, len(result["items"]))
 
 
 def folder_report(result, out, verbose=False):
@@ -53,9 +53,10 @@ def folder_body(result, out, verbose=False):
         if v["kind"] == "position" and v["copies_on_disk"] == 1:
             continue  # held once, in one file (--json lists it)
         kind = "position table" if v["kind"] == "position" else "table"
+        stored = (f"stored {times(v['copies_on_disk'])} in {len(_stored_in(v))} file(s), {human(v['wasted_bytes'])} "
+                  "wasted on disk" if v["copies_on_disk"] > 1 or len(files) > 1 else "stored once")
         w(f"{kind} {v['table']} ({v['file']}) {v['vocab_size']} x {v['width']} {v['format']}, {human(v['bytes'])}: "
-          f"stored {times(v['copies_on_disk'])} in {len(_stored_in(v))} file(s), {human(v['wasted_bytes'])} "
-          "wasted on disk")
+          f"{stored}")
         if verbose:
             for s in v["stored"]:
                 w(f"  stored: {s['file']} {s['name']}, {human(s['bytes'])}")

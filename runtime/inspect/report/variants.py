@@ -55,17 +55,21 @@ def variants_report(folder, found, out, verbose=False):
     session under onnxruntime's defaults); each variant's folder report under `verbose`."""
     w = lambda text: out.write(answer.line(text) + "\n")
     entries = [summary(f) for f in found]
-    named = lambda dtype, line: line if line.startswith(" ") else f"{dtype}: {line}"
-    for f, entry in zip(found, entries):  # each variant's answer (or all well), then the informational lines
-        failing = [e for e in entry["verdict"] if e["kind"] in FAILING]
-        for line in verdict_lines(f["result"], failing):
-            w(named(f["dtype"], line))
-    for f, entry in zip(found, entries):
-        vocabulary = {v["table"]: v for v in f["result"]["across"]["vocabulary"]}
-        for line in answer.quantized(entry["verdict"], vocabulary, True) + answer.scored(entry["verdict"], True):
-            w(named(f["dtype"], line))
+    said = {}  # a finding's lines: the dtypes that have it, in order
+    failing = {f["dtype"]: [e for e in entry["verdict"] if e["kind"] in FAILING] for f, entry in zip(found, entries)}
+    for f in found:  # each variant's answer; all well where none has one (else the table's rows say so)
+        if failing[f["dtype"]] or not any(failing.values()):
+            for block in _blocks(verdict_lines(f["result"], failing[f["dtype"]])):
+                said.setdefault(block, []).append(f["dtype"])
+    for f, entry in zip(found, entries):  # then the informational lines
+        for block in _blocks(_informational(f, entry)):
+            said.setdefault(block, []).append(f["dtype"])
+    for block, dtypes in said.items():
+        w(f"{', '.join(dtypes)}: {block[0]}")
+        for line in block[1:]:
+            w(line)
     w("")
-    w(f"{folder}: {len(found)} dtype variant(s), each a client load of its own; nothing counted across them")
+    w(f"{folder}: {len(found)} dtype variant(s), each a client load of its own")
     rows = [_COLUMNS] + [_row(entry) for entry in entries]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
     for r in rows:
@@ -78,6 +82,26 @@ def variants_report(folder, found, out, verbose=False):
             w(f"== {f['dtype']}")
             folder_body(f["result"], out, verbose=True)
     w(answer.FOOTER)
+
+
+def _informational(found, entry):
+    """A variant's informational lines (a float table its head holds again as codes; a head that scores every
+    prompt position, called the head: names and files are its folder report's, under --verbose)."""
+    vocabulary = {v["table"]: v for v in found["result"]["across"]["vocabulary"]}
+    return answer.quantized(entry["verdict"], vocabulary, False) + \
+        answer.scored(entry["verdict"], False, named=False)
+
+
+def _blocks(lines):
+    """`lines` as findings: each a tuple of its first line and the indented lines under it. Variants with the same
+    finding are named together before it once."""
+    blocks = []
+    for line in lines:
+        if line.startswith(" ") and blocks:
+            blocks[-1].append(line)
+        else:
+            blocks.append([line])
+    return [tuple(b) for b in blocks]
 
 
 def _row(entry):

@@ -162,5 +162,4 @@ def variant_files(folder, dtype):
     if files is None:
         named = f"named *{DTYPES[dtype]}.onnx" if DTYPES[dtype] else "without a dtype suffix"
         raise InspectError(f"--dtype {dtype}: {folder} has no {dtype} variant (no model file {named}); it has {have}")
-    return files, (f"transformers.js's onnx/ layout, dtype {dtype} (suffix {DTYPES[dtype]!r}): the files it opens "
-                   f"with dtype '{dtype}'")
+    return files, f"the files transformers.js opens with dtype '{dtype}', suffix {DTYPES[dtype]!r}"
