@@ -70,7 +70,7 @@ def session_growth(path, feeds, prepacking=True, disabled_optimizers=(), data_fo
     external data in `data_folder`) adds to this process after loading and one run on `feeds` (its outputs
     dropped, the session still held; `disabled_optimizers`: graph transformers skipped). Meant for a fresh
     process: memory an earlier session freed to the allocator would hide part of this one's. `layout`: the
-    session also writes its optimized model's layout there as it opens (runner.data_thrown_away); it then holds
+    session also writes its optimized model's layout there as it opens (optimized.data_thrown_away); it then holds
     owned_bytes() more, which the caller must find small for the figures to stand. `keep`: a list the session is
     appended to, for a caller that runs it on (otherwise it is let go)."""
     return sessions_growth([(path, data_folder, feeds, layout)], prepacking, disabled_optimizers, measure=resident,
@@ -132,10 +132,11 @@ def sessions_growth(models, prepacking=True, disabled_optimizers=(), measure=pro
     that free heap, which the process holds until it reuses or returns it;
     for a fresh process, like session_growth. A model given a layout path (not None) writes its optimized model's
     layout there as its session opens (session_growth's `layout`), or, with data true, the optimized model with its
-    data (runner.writing: written through the page cache, which no process's resident set counts)."""
+    data (optimized.writing: written through the page cache, which no process's resident set counts)."""
     import onnxruntime as ort  # here, not at import: inspect's parent never loads it (see isolated)
 
-    from runtime.runner import data_thrown_away, read_data_from, spelled, writing
+    from runtime.optimized import data_thrown_away, writing
+    from runtime.runner import read_data_from, spelled
     _warm()
     let_go()  # what glibc kept of earlier work is not counted against the sessions
     before, peaks = measure(), _reset_peak()
@@ -208,7 +209,7 @@ def _initializers(model):
 def prepacked_copies(optimized):
     """[{initializer, kernel, node, bytes}]: each copy a kernel prepacked at load, as onnxruntime records it beside
     the initializer it was made from in an optimized model (a ModelProto, tensor data not loaded) written by
-    runtime.runner.write_optimized_model(prepacked=True); in a subgraph, `initializer` is scoped()."""
+    runtime.optimized.write_optimized_model(prepacked=True); in a subgraph, `initializer` is scoped()."""
     copies = []
     for key, tensor, reading in _initializers(optimized):
         entries = [e.value for e in tensor.external_data if e.key.startswith("prepacked")]

@@ -6,7 +6,8 @@ from graphs import precision
 from graphs.export import build_all
 from runtime.compare.pool import Pool, quiet
 from runtime.compare.sizes import measure_sizes  # the one check whose work runs in the second process
-from runtime.runner import Runner, optimized_model
+from runtime.optimized import optimized_model
+from runtime.runner import Runner
 
 
 class Sessions:

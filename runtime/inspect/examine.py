@@ -54,7 +54,7 @@ class Examination:
     files started before any finishes build their optimized models side by side.
 
     Where the model is measured, one child measures the session under the defaults, opened as its user opens it,
-    and writes the optimized model's layout (runner.data_thrown_away): a model with little inline is measured in the
+    and writes the optimized model's layout (optimized.data_thrown_away): a model with little inline is measured in the
     session that writes it as it opens (one load for both); one that holds its large tensors inline (a model file
     under 2 GB) is measured first and let go, and a second session, from its shell (each large tensor read where it
     lies in the file), writes the layout (work.measure). Writing holds a copy of what onnxruntime keeps in its own
@@ -208,7 +208,8 @@ def found(exam, answer, measured):
     optimized_path = exam.out
     optimized = folding.read_optimized(optimized_path, os.path.dirname(optimized_path), answer)
     version = answer["onnxruntime"]
-    prepacked = prepacked_copies(optimized.proto)
+    unrecorded = answer.get("unrecorded")  # a layout written with prepacking off: the tables' packings probed
+    prepacked = prepacked_copies(optimized.proto) + (unrecorded["probed"] if unrecorded else [])
     watched = list(dict.fromkeys(e["initializer"] for e in exam.watched))
     initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
                      "bytes": t.nbytes} for t in model.tensors.values()]
@@ -230,7 +231,8 @@ def found(exam, answer, measured):
             "vocabulary": vocabulary(model, tables, heads, pairs, copies, held, version), "onnxruntime": version,
             "measure_error": measured.get("error"),
             "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values()), "optimized": optimized,
-            "prepacked": prepacked, "branch_weights": branch_weights(model), "originals": answer.get("originals")}
+            "prepacked": prepacked, "unrecorded": unrecorded, "branch_weights": branch_weights(model),
+            "originals": answer.get("originals")}
 
 
 def _from_files(path, limits, proof_past, root):

@@ -15,7 +15,7 @@ from runtime.inspect.sandbox import folding
 from runtime.model.findings.copies import runtime_copies
 from runtime.model.read.model import load
 from runtime.resident import made
-from runtime.runner import write_optimized_layout, write_optimized_model
+from runtime.optimized import write_optimized_layout, write_optimized_model
 from tests.helpers import FIXTURES, tied
 
 GENAI = os.path.join(FIXTURES, "genai_fp32", "model.onnx")  # the lookup reads the tied head through a Transpose

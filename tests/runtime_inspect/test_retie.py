@@ -32,7 +32,7 @@ from runtime import feeds
 from runtime.inspect.sandbox import agree, isolated, jobs
 from runtime.feeds import feeds_for
 from runtime.resident import prepacked_copies
-from runtime.runner import optimized_model
+from runtime.optimized import optimized_model
 from tests.helpers import (
     BLOCK,
     FIXTURES,

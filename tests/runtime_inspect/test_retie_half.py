@@ -3,7 +3,9 @@ its logits lie within the format's own bound of the original's, computed here in
 the widened values within 2 gamma_w sum|h t| of each other, then each rounded once to the format (u = 2^-11 for
 float16, 2^-8 for bfloat16, of the result; half a subnormal step below the normal range). The table is counted
 once on disk from OUT's bytes, and a session's copies as inspect measures them."""
+import json
 import os
+import shutil
 
 import numpy as np
 import onnx
@@ -267,13 +269,14 @@ def test_a_float16_models_widened_weights_are_one_line_and_listed_under_verbose(
     others = float16_others(path, "lm_head.MatMul.weight")
     widened = sum(4 * int(np.prod(t.dims)) for t in others)  # each held as float32
     said = unwrapped(run_inspect(path).stdout)
-    (line,) = [line for line in said if line.startswith("runtime copies of other weights")]
-    assert line.startswith(f"runtime copies of other weights: {len(others)}, {human(widened)}, added by")
-    assert [line for line in said if line.startswith("runtime copy FusedBack_")] == [
-        "runtime copy FusedBack_lm_head.MatMul.weight [64, 512]: 128.0 KiB added by onnxruntime's optimizations = "
-        "lm_head.MatMul.weight widened"]  # the table's own widening stays named
+    (line,) = [line for line in said if line.startswith("runtime copies of ") and "other weights" in line]
+    assert line == (f"runtime copies of {len(others)} other weights, {human(widened)}: their float32 widenings "
+                    "(--verbose lists them)")
+    (line,) = [line for line in said if line.startswith("runtime copies of lm_head.MatMul.weight: ")]
+    assert line.startswith("runtime copies of lm_head.MatMul.weight: FusedBack_lm_head.MatMul.weight widened, "
+                           "128.0 KiB")  # the table's own widening stays named
     verbose = run_inspect(path, "--verbose").stdout  # the layers' weights and the sin / cos caches
-    assert verbose.count("runtime copy FusedBack_") == len(others) + 1
+    assert verbose.count("runtime copy FusedBack_") == len(others)
 
 
 def test_the_memory_ratio_counts_the_other_weights_as_widened():
@@ -299,3 +302,42 @@ def test_a_folders_memory_ratio_counts_the_other_weights_as_widened_too(tmp_path
     (group,) = [v for v in result["across"]["vocabulary"] if v["kind"] == "token"]
     assert widened(group, result["items"]) == sum(2 * int(np.prod(t.dims))
                                                   for t in float16_others(path, "lm_head.MatMul.weight")) > 0
+
+
+def test_a_float16_layout_written_with_prepacking_off_probes_the_tables_packing(tmp_path):
+    """Issue 57's decision: a float16 model's layout is written with prepacking off (the kernels' packings of the
+    CPU provider's float32 widenings were held beside them); the packing of the table's widened copy is probed
+    apart, and equals what onnxruntime records with prepacking on."""
+    from runtime.inspect.sandbox import probed
+    from runtime.resident import prepacked_copies
+    from runtime.optimized import write_optimized_layout
+    path, table = model_in("genai_fp16"), "lm_head.MatMul.weight"
+    layouts = {}
+    for prepacking in (True, False):
+        out = tmp_path / f"layout-{prepacking}.onnx"
+        write_optimized_layout(path, out, prepacking=prepacking)
+        layouts[prepacking] = onnx.load(out, load_external_data=False)
+    recorded = [p for p in prepacked_copies(layouts[True]) if p["initializer"] == f"FusedBack_{table}"]
+    assert len(recorded) == 1 and recorded[0]["kernel"] == "MatMul" and recorded[0]["bytes"] >= 4 * VOCAB * WIDTH
+    assert prepacked_copies(layouts[False]) == []  # nothing recorded: what the probe stands in for
+    unrecorded = probed.unrecorded(layouts[False], [VOCAB * WIDTH])
+    assert unrecorded["probed"] == recorded
+
+    # inspect takes that path where the float16 weights pass OWNED_MOST (here: 2 MiB of them no node reads, which
+    # onnxruntime drops), and reports what it reports with prepacking on
+    model = onnx.load(path)
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(2**20, np.float16), "unread"))
+    onnx.save(model, tmp_path / "model.onnx", save_as_external_data=True, location="model.onnx.data")
+    shutil.copy(os.path.join(os.path.dirname(path), "genai_config.json"), tmp_path)  # the past's shape: measured
+    found = {}
+    for name, at in (("as made", path), ("past OWNED_MOST", tmp_path / "model.onnx")):
+        done = run_inspect(at, "--json")
+        assert done.returncode in (0, 1), done.stderr
+        found[name] = json.loads(done.stdout)
+    assert found["as made"]["prepacked_unrecorded"] is None
+    assert found["past OWNED_MOST"]["prepacked_unrecorded"] == {"why": probed.WHY, "probed": recorded}
+    copies = lambda data: [{k: c[k] for k in ("name", "copy_of", "view", "bytes")} for c in data["runtime_copies"]
+                           if c.get("copy_of")]
+    held = lambda data: [v["in_memory"]["defaults"]["copies"] for v in data["vocabulary"]]
+    assert copies(found["past OWNED_MOST"]) == copies(found["as made"]) and len(copies(found["as made"])) >= 2
+    assert held(found["past OWNED_MOST"]) == held(found["as made"]) == [2]

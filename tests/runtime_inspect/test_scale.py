@@ -20,7 +20,7 @@ from runtime.model.read.text import InspectError
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import folding, isolated, jobs, proof
 from runtime.resident import made, owned_bytes, prepacked_copies, resident
-from runtime.runner import write_optimized_layout
+from runtime.optimized import write_optimized_layout
 from tests.helpers import transposed_head
 
 

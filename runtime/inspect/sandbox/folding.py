@@ -87,7 +87,7 @@ _SAME_BYTES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")  # the weight's byt
 
 def folded_from(proto, layout, sizes):
     """{name: {"of": weight, "view": "transposed", "same", "reshaped" or "widened"}} for each tensor the optimized
-    model `layout` (a ModelProto written for its layout: runner.write_optimized_layout) made of one of `sizes`
+    model `layout` (a ModelProto written for its layout: optimized.write_optimized_layout) made of one of `sizes`
     elements, told by the node of `proto` (the model's shell) that constant folding folded it from, whose output
     it is named after: a Transpose of a 2-D weight holds it transposed, a Reshape (Squeeze, Unsqueeze, Flatten, a
     Cast to its own type) its bytes under other dims, and the CPU provider's float32 copy of a float16 / bfloat16

@@ -16,7 +16,8 @@ from runtime.inspect.sandbox.folding import made_at_load
 from runtime.inspect.sandbox.jobs import kept_heads_of, rewritten_of
 from runtime.inspect.sandbox.originals import given
 from runtime.resident import resident, sessions_growth
-from runtime.runner import Runner, layout_session
+from runtime.optimized import layout_session
+from runtime.runner import Runner
 
 
 def run_each(session, shown, feed_sets):

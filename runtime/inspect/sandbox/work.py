@@ -26,7 +26,7 @@ def optimize(job):
     protobuf first."""
     import onnxruntime
 
-    from runtime.runner import write_optimized_layout, write_optimized_model
+    from runtime.optimized import write_optimized_layout, write_optimized_model
     _, shell, proto = _model(job)
     answer = {"onnxruntime": onnxruntime.__version__}  # whose folding and prepacking is described
     if job.get("sizes") is None:
@@ -72,14 +72,15 @@ def measure(job):
     if _layout_apart(job, model, shell, proto):
         figures = session_growth(model, feeds, job["prepacking"], data_folder=folder)
         let_go()  # the session measured: gone before the next one opens
-        written, ahead = _written_apart((shell, shell_folder), job["layout"], proto, job.get("sizes"), job)
+        written, ahead, unrecorded = _written_apart((shell, shell_folder), job["layout"], proto, job.get("sizes"),
+                                                    job)
         owned = 0
     else:  # with its data at once where a copy to compare will be made (folding.made_at_load)
         written = folding.made_at_load(proto, job.get("sizes"))
         figures, ahead = _measured_showing(job, (model, folder), proto, feeds, written)
-        owned = None
+        owned, unrecorded = None, None
     layout = _proto(job["layout"])
-    return {**figures, "onnxruntime": onnxruntime.__version__, "originals": ahead,
+    return {**figures, "onnxruntime": onnxruntime.__version__, "originals": ahead, "unrecorded": unrecorded,
             "owned_bytes": owned_bytes(proto, layout) if owned is None else owned,
             **_data_written(job["layout"], (shell, shell_folder), proto, layout, job.get("sizes"), written)}
 
@@ -123,27 +124,35 @@ def _written_apart(shell, path, proto, sizes, job=None):
     """Write the optimized model at `path` from a session of its own on the model's shell (shell, its folder): its
     layout, or, where the optimizer will make a tensor of one of `sizes` elements whose values are then compared
     (folding.made_at_load; `sizes` None: any), the model with its data at once, one session fewer. (Whether the data
-    was written, the original's outputs saved for a --retie's proof or None): where `job` (a measure job or part)
-    is proving (jobs.proving), the session that writes it, the layout or the model with its data, shows the heads'
-    hidden vectors and runs the proof's feeds (_ahead)."""
-    from runtime.runner import layout_session, write_optimized_layout, write_optimized_model
+    was written, the original's outputs saved for a --retie's proof or None, probed.unrecorded's answer or None):
+    where `job` (a measure job or part) is proving (jobs.proving), the session that writes it, the layout or the
+    model with its data, shows the heads' hidden vectors and runs the proof's feeds (_ahead). A layout alone of a
+    model whose float16 / bfloat16 weights pass OWNED_MOST is written with prepacking off (issue 57's decision):
+    the kernels' packings of their float32 widenings are not held beside the widenings, and those of the tables'
+    copies are probed apart."""
+    from runtime.inspect.sandbox import probed
+    from runtime.resident import OWNED_MOST
+    from runtime.optimized import layout_session, write_optimized_layout, write_optimized_model
     data = folding.made_at_load(proto, sizes)
+    packing = data or folding.half_bytes(proto) <= OWNED_MOST
     shown, model = _shown(proto, job["proving"]["show"]) if (job or {}).get("proving") else (None, None)
     if model is not None:  # the same session runs the proof's feeds: the proof loads the original no more
         folder = shell[1] or os.path.dirname(os.path.abspath(shell[0]))
         try:  # the same layout: only values no fusion reads are shown (originals.shown_ahead)
-            session = layout_session(model, path, data_folder=folder, data=data)
+            session = layout_session(model, path, data_folder=folder, data=data, prepacking=packing)
         except MemoryError:
             raise
         except Exception:  # noqa: BLE001 - onnxruntime refusing the model with them shown: the layout as it is
             session = None
         if session is not None:
-            return data, _ahead(session, shown, proto, job)
+            ahead = _ahead(session, shown, proto, job)
+            del session
+            return data, ahead, None if packing else probed.unrecorded(_proto(path), sizes)
     if data:
         write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
     else:
-        write_optimized_layout(shell[0], path, data_folder=shell[1])
-    return data, None
+        write_optimized_layout(shell[0], path, data_folder=shell[1], prepacking=packing)
+    return data, None, None if packing else probed.unrecorded(_proto(path), sizes)
 
 
 def _shown(proto, names):
@@ -184,7 +193,7 @@ def _data_written(path, shell, proto, layout, sizes, written=False):
     own once the one measured is let go: no child of its own, one process start fewer. `written`: the data is there
     already (_written_apart)."""
     from runtime.resident import let_go
-    from runtime.runner import write_optimized_model
+    from runtime.optimized import write_optimized_model
     if not _copies_to_compare(proto, layout, sizes):
         return {"data": False, "written": False}
     if written:
@@ -230,8 +239,9 @@ def measure_together(job):
             continue
         layout = _proto(part["layout"])
         owned = 0 if part["layout"] in apart else owned_bytes(proto, layout)
-        written, ahead = apart.get(part["layout"], (run[4], None))  # its data written as it opened, or apart
+        written, ahead, unrecorded = apart.get(part["layout"], (run[4], None, None))  # written as it opened, or apart
         layouts.append({"onnxruntime": onnxruntime.__version__, "owned_bytes": owned, "originals": ahead,
+                        "unrecorded": unrecorded,
                         **_data_written(part["layout"], shell, proto, layout, part["sizes"], written)})
     return {**figures, "layouts": layouts}
 

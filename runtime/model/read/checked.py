@@ -45,7 +45,7 @@ class Source:
 
     def as_shell(self):
         """(the shell's bytes, the folder of its data): onnxruntime maps or reads each large tensor from where it
-        lies, the model file's own too, and holds no protobuf of them (runtime.runner.layout_session)."""
+        lies, the model file's own too, and holds no protobuf of them (runtime.optimized.layout_session)."""
         return self.shell.data, self.folder
 
     def close(self):
