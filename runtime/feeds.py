@@ -8,6 +8,7 @@ import json
 import numpy as np
 from onnx import helper
 
+from runtime.model.graph.ops import PLAIN_MATMULS
 from runtime.model.read import sidecars
 
 BATCH, SEQUENCE, PAST = 1, 3, 4  # the defaults; GroupQueryAttention wants batch 1 with a past
@@ -99,7 +100,7 @@ def _attention_head_size(model):
         width = None
         if source is not None and source.op_type == "MatMulNBits":
             width = next((a.i for a in source.attribute if a.name == "N"), None)
-        elif source is not None and source.op_type in ("MatMul", "Gemm") and len(source.input) > 1:
+        elif source is not None and source.op_type in PLAIN_MATMULS and len(source.input) > 1:
             weight = dims.get(source.input[1], [])
             trans_b = any(a.name == "transB" and a.i for a in source.attribute)
             width = weight[0 if trans_b else -1] if len(weight) == 2 else None

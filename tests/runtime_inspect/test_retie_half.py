@@ -304,27 +304,45 @@ def test_a_folders_memory_ratio_counts_the_other_weights_as_widened_too(tmp_path
                                                   for t in float16_others(path, "lm_head.MatMul.weight")) > 0
 
 
-def test_a_float16_layout_written_with_prepacking_off_probes_the_tables_packing(tmp_path):
-    """Issue 57's decision: a float16 model's layout is written with prepacking off (the kernels' packings of the
-    CPU provider's float32 widenings were held beside them); the packing of the table's widened copy is probed
-    apart, and equals what onnxruntime records with prepacking on."""
+@pytest.mark.parametrize("fixture, sizes", [("genai_fp16", [VOCAB * WIDTH]), ("genai_fp32", [VOCAB * WIDTH]),
+                                            ("optimum_gpt2", [VOCAB * WIDTH]),
+                                            ("genai_int4", [VOCAB * WIDTH // 2])])  # two 4-bit codes a byte
+def test_a_layout_written_with_prepacking_off_probes_what_kernels_pack_of_the_tables(fixture, sizes, tmp_path):
+    """Issue 57's decision: a layout written apart is written with prepacking off (the kernels' packings of every
+    weight, and of float16 weights' float32 widenings, were held beside them); the packing of each table and copy
+    of one (a float16 head's widening, a transposed copy, MatMulNBits' codes) is probed apart, and equals what
+    onnxruntime records writing the layout with prepacking on."""
     from runtime.inspect.sandbox import probed
     from runtime.resident import prepacked_copies
     from runtime.optimized import write_optimized_layout
-    path, table = model_in("genai_fp16"), "lm_head.MatMul.weight"
+    path = model_in(fixture)  # each fixture's table: 512 x 64
     layouts = {}
     for prepacking in (True, False):
         out = tmp_path / f"layout-{prepacking}.onnx"
         write_optimized_layout(path, out, prepacking=prepacking)
         layouts[prepacking] = onnx.load(out, load_external_data=False)
-    recorded = [p for p in prepacked_copies(layouts[True]) if p["initializer"] == f"FusedBack_{table}"]
-    assert len(recorded) == 1 and recorded[0]["kernel"] == "MatMul" and recorded[0]["bytes"] >= 4 * VOCAB * WIDTH
+    watched = {t.name for t in layouts[True].graph.initializer if np.prod(t.dims) in sizes}
+    recorded = [p for p in prepacked_copies(layouts[True]) if p["initializer"] in watched]
+    assert recorded and all(p["bytes"] > 0 for p in recorded)
     assert prepacked_copies(layouts[False]) == []  # nothing recorded: what the probe stands in for
-    unrecorded = probed.unrecorded(layouts[False], [VOCAB * WIDTH])
-    assert unrecorded["probed"] == recorded
+    key = lambda p: (p["initializer"], p["node"])
+    assert sorted(probed.unrecorded(layouts[False], sizes)["probed"], key=key) == sorted(recorded, key=key)
 
-    # inspect takes that path where the float16 weights pass OWNED_MOST (here: 2 MiB of them no node reads, which
-    # onnxruntime drops), and reports what it reports with prepacking on
+
+def test_a_float16_layout_written_apart_reports_what_prepacking_on_reports(tmp_path):
+    """inspect on a float16 model whose layout is written apart, with prepacking off: the same runtime copies and
+    copies held as where the measured session writes it with prepacking on, and prepacked_unrecorded says so."""
+    from runtime.inspect.sandbox import probed
+    from runtime.resident import prepacked_copies
+    from runtime.optimized import write_optimized_layout
+    path, table = model_in("genai_fp16"), "lm_head.MatMul.weight"
+    write_optimized_layout(path, tmp_path / "layout.onnx")
+    recorded = [p for p in prepacked_copies(onnx.load(tmp_path / "layout.onnx", load_external_data=False))
+                if p["initializer"] == f"FusedBack_{table}"]
+    assert len(recorded) == 1 and recorded[0]["kernel"] == "MatMul" and recorded[0]["bytes"] >= 4 * VOCAB * WIDTH
+
+    # the layout is written apart where the float16 weights pass OWNED_MOST (here: 2 MiB of them no node reads,
+    # which onnxruntime drops)
     model = onnx.load(path)
     model.graph.initializer.append(numpy_helper.from_array(np.zeros(2**20, np.float16), "unread"))
     onnx.save(model, tmp_path / "model.onnx", save_as_external_data=True, location="model.onnx.data")

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from onnx import helper
 
 from graphs.tie import unfolded_view
-from runtime.model.graph.weights import KERNELS, matmul_weights, shared_weights
+from runtime.model.graph.ops import PLAIN_MATMULS
+from runtime.model.graph.weights import matmul_weights, shared_weights
 from runtime.model.read.model import graph_paths
 from runtime.inspect.retie.edits import const, unique_name
 
-PACKING = KERNELS + ("FusedMatMul",)  # onnxruntime's fusions of them; any other kernel that prepacks vetoes
+_READ_IN_PLACE = PLAIN_MATMULS + ("FusedMatMul",)  # and onnxruntime's fusion of them; any other kernel that packs vetoes
 
 
 def why_not(model, found):
@@ -23,10 +24,10 @@ def why_not(model, found):
         return "no MatMul weight is read in two graphs"
     own = sorted({node.input[1] for _, _, graph in graph_paths(model.proto.graph)[1:]
                   for names in [{t.name for t in graph.initializer}] for node in graph.node
-                  if node.op_type in KERNELS and len(node.input) > 1 and node.input[1] in names})
+                  if node.op_type in PLAIN_MATMULS and len(node.input) > 1 and node.input[1] in names})
     if own:
         return f"a branch holds MatMul weights of its own ({own[0]})"
-    others = sorted({p["kernel"] for p in found.get("prepacked", []) if p["kernel"] not in PACKING})
+    others = sorted({p["kernel"] for p in found.get("prepacked", []) if p["kernel"] not in _READ_IN_PLACE})
     if others:
         return f"its {', '.join(others)} kernels prepack too"
     return None

@@ -2,6 +2,7 @@
 from onnx import helper
 
 from runtime.model.findings.relations import stored_as_table
+from runtime.model.graph.ops import TRANSPOSING
 from runtime.model.graph.quantized import attribute
 from runtime.model.graph.walk import lookup_ids
 from runtime.model.read.text import InspectError
@@ -89,7 +90,7 @@ def _gemm_head(graph, model, node, table, dims, cast=None):
             "Cast", [table], [prefix + "cast"], name=prefix + "cast", to=cast,
             doc_string="the table as the head multiplies it, made at each run (retied by runtime.inspect)"))
         table = prefix + "cast"
-    if node.op_type in ("Gemm", "FusedMatMul"):
+    if node.op_type in TRANSPOSING:
         kept = [a for a in node.attribute if a.name != "transB"]  # alpha, beta, transA stay
         del node.attribute[:]
         node.attribute.extend(kept)

@@ -126,16 +126,15 @@ def _written_apart(shell, path, proto, sizes, job=None):
     (folding.made_at_load; `sizes` None: any), the model with its data at once, one session fewer. (Whether the data
     was written, the original's outputs saved for a --retie's proof or None, probed.unrecorded's answer or None):
     where `job` (a measure job or part) is proving (jobs.proving), the session that writes it, the layout or the
-    model with its data, shows the heads' hidden vectors and runs the proof's feeds (_ahead). A layout alone of a
-    model whose float16 / bfloat16 weights pass OWNED_MOST is written with prepacking off (issue 57's decision):
-    the kernels' packings of their float32 widenings are not held beside the widenings, and those of the tables'
-    copies are probed apart."""
+    model with its data, shows the heads' hidden vectors and runs the proof's feeds (_ahead). A layout alone that
+    runs no feeds is written with prepacking off where probed.packing_off allows (issue 57's decision): the
+    packings of the tables' copies are probed apart. (The proof's reference is the original as its client runs it,
+    prepacking on: a MatMul on a packed weight sums in another order.)"""
     from runtime.inspect.sandbox import probed
-    from runtime.resident import OWNED_MOST
     from runtime.optimized import layout_session, write_optimized_layout, write_optimized_model
     data = folding.made_at_load(proto, sizes)
-    packing = data or folding.half_bytes(proto) <= OWNED_MOST
     shown, model = _shown(proto, job["proving"]["show"]) if (job or {}).get("proving") else (None, None)
+    packing = data or model is not None or not probed.packing_off(proto)
     if model is not None:  # the same session runs the proof's feeds: the proof loads the original no more
         folder = shell[1] or os.path.dirname(os.path.abspath(shell[0]))
         try:  # the same layout: only values no fusion reads are shown (originals.shown_ahead)

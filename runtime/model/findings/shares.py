@@ -4,16 +4,9 @@ positions."""
 import math
 
 from runtime.model.graph.constants import constant
+from runtime.model.graph.ops import CACHE_INPUTS, QUANT_INPUTS
 from runtime.model.graph.walk import lookup_ids
 from runtime.model.read.model import CODES, FLOATS
-
-# Inputs that hold quantization scales and zero points (not parameters), by op: the codes beside them are.
-_QUANT_INPUTS = {"DequantizeLinear": (1, 2), "MatMulNBits": (2, 3, 4), "GatherBlockQuantized": (2, 3),
-                 "MatMulInteger": (2, 3), "DynamicQuantizeMatMul": (2, 3), "QLinearMatMul": (1, 2, 4, 5, 6, 7),
-                 "MatMulIntegerToFloat": (2, 3, 4, 5)}
-
-# Inputs that hold constant caches a model computes from its config (rotary cos / sin tables).
-_CACHE_INPUTS = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}
 
 _ROW_PASS = ("Slice", "Reshape", "Cast", "Identity")  # between a lookup and the Mul that scales its rows
 
@@ -24,7 +17,7 @@ def parameters(model, tables, heads, pairs):
     zero points, rotary caches and integer constants (shapes, masks) not counted."""
     skipped = {p["head"] for p in pairs if p["relation"] in ("duplicate", "transposed_duplicate", "quantized_copy")}
     for node in model.proto.graph.node:
-        for i in _QUANT_INPUTS.get(node.op_type, ()) + _CACHE_INPUTS.get(node.op_type, ()):
+        for i in QUANT_INPUTS.get(node.op_type, ()) + CACHE_INPUTS.get(node.op_type, ()):
             if i < len(node.input):
                 skipped.add(node.input[i])
     for entry in tables + heads:  # a scale found past the op (MatMulInteger's) is not an input of it

@@ -1,6 +1,9 @@
-"""The op facts inspect reasons with, written once: which ops multiply by a weight and how each reads it, and
-which carry a product on to a graph output. The walker (graph.walk), --logits-to-keep (retie.keep), the proof's
-bounds (sandbox.agree), the prefill timing (sandbox.timing) and --help (inspect.usage) read them from here."""
+"""The op facts inspect reasons with, written once: which ops multiply by a weight and how each reads it, which
+carry a product on to a graph output, which of their inputs hold scales or caches rather than parameters, and which
+kernels prepack their weight. The walker (graph.walk), the weights branches share (graph.weights), the parameter
+count (findings.shares), --logits-to-keep (retie.keep), the rewrites (retie.rewrite, retie.branches), the proof's
+bounds (sandbox.agree), the probed packings (sandbox.probed), the feeds (runtime.feeds), the prefill timing
+(sandbox.timing) and --help (inspect.usage) read them from here."""
 from typing import NamedTuple
 
 
@@ -29,6 +32,12 @@ MATMULS = {
 }
 INTEGER_MATMULS = ("MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul")  # 8-bit codes times a float scale
 FLOAT_MATMULS = tuple(op for op in MATMULS if op not in INTEGER_MATMULS)  # float weights, or 4-bit blocks
+PLAIN_MATMULS = ("MatMul", "Gemm")  # the ONNX-domain ones: a float weight at input 1, of the activations' type
+TRANSPOSING = tuple(op for op, m in MATMULS.items() if m.transposed)  # those with a transB attribute
+# onnxruntime's CPU kernels that prepack a constant weight at load (its defaults), and the input whose type the
+# activations share: MatMul / Gemm / FusedMatMul (its fusion of the first two) one type T for all; MatMulNBits's
+# activations are its scales' type. The integer matmuls pack too (their activations of another type: not here).
+PACKING = {"MatMul": 1, "Gemm": 1, "FusedMatMul": 1, "MatMulNBits": 2}
 FUSED_MATMULS = ("MatMulIntegerToFloat",)  # onnxruntime's fusions in an optimized model (profiles name them)
 PROFILED_MATMULS = tuple(MATMULS) + FUSED_MATMULS  # the kernels a profile's head time is summed over
 
@@ -39,3 +48,9 @@ CARRIES = VIEWS + SQUASHES  # what a logits product passes through to an output 
 KEEPS_RANK = ("Identity", "Cast") + SQUASHES + SCALES  # elementwise: the sequence axis stays where it was
 WITHIN_ITS_INPUT = ("Identity", "Tanh")  # a difference of inputs passes on at most as large (the proof's chains)
 
+
+# Inputs that hold quantization scales and zero points (not parameters), by op: the codes beside them are.
+QUANT_INPUTS = {"DequantizeLinear": (1, 2), "MatMulNBits": (2, 3, 4), "GatherBlockQuantized": (2, 3),
+                "MatMulInteger": (2, 3), "DynamicQuantizeMatMul": (2, 3), "QLinearMatMul": (1, 2, 4, 5, 6, 7),
+                "MatMulIntegerToFloat": (2, 3, 4, 5)}
+CACHE_INPUTS = {"GroupQueryAttention": (7, 8), "RotaryEmbedding": (2, 3)}  # rotary cos / sin tables, from config

@@ -3,16 +3,15 @@ branches both read the decoder's weights from the main graph, and onnxruntime's 
 once per kernel that reads it (retie.branches reads them in place)."""
 from onnx import TensorProto
 
+from runtime.model.graph.ops import PLAIN_MATMULS
 from runtime.model.read.model import graph_paths
-
-KERNELS = ("MatMul", "Gemm")  # whose weight is input 1
 
 
 def matmul_weights(graph, model):
     """(node, initializer) for each MatMul / Gemm of `graph` whose weight is a float32 2-D initializer of the main
     graph (a name a body reads from outside; ONNX forbids shadowing, so one name is one tensor)."""
     for node in graph.node:
-        if node.op_type in KERNELS and len(node.input) > 1 and node.domain in ("", "ai.onnx"):
+        if node.op_type in PLAIN_MATMULS and len(node.input) > 1 and node.domain in ("", "ai.onnx"):
             tensor = model.tensors.get(node.input[1])
             if tensor is not None and tensor.data_type == TensorProto.FLOAT and len(tensor.dims) == 2:
                 yield node, node.input[1]
