@@ -17,7 +17,7 @@ from runtime.inspect.examine import inspect_model
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import isolated, jobs, originals, proof
 from runtime.model.read.model import load
-from tests.helpers import inspected, model_of
+from tests.helpers import inspected, model_of, one_line_error, run_inspect
 
 
 def _model(tmp_path, before="Tanh", after=False, scale=None, vocab=512, width=1024, external=False):
@@ -148,3 +148,37 @@ def test_a_retie_proven_on_outputs_given_ahead_writes_what_it_proved(tmp_path):
     out = tmp_path / "fixed.onnx"
     done = inspected(_model(tmp_path), "--retie", out)
     assert "every other output bit for bit" in " ".join(done.stdout.split()) and out.exists()
+
+
+def test_an_original_onnxruntime_refuses_on_the_proofs_feeds_stops_the_retie_before_its_proof(tmp_path):
+    """Where inspect's child runs the original on the proof's feeds ahead and onnxruntime refuses one of them (a
+    float16 export on the CPU provider, or here a Reshape to the 3 positions of the proof's first step and of the
+    client's first run, which its second step's 1 fails), the retie stops there with the line the
+    proof's own run would give: no retied model is written or proven (SmolLM2's genai fp16: 5.6 s and 1.8 GB of
+    a refusal -> 3.4 s, 1.4 GB)."""
+    from runtime.inspect.retie.write import Plan, proven_at
+    from runtime.model.read.text import InspectError
+    vocab, width = 512, 1024
+    values = np.random.default_rng(7).standard_normal((vocab, width)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["embedding", "ids"], ["embeddings"]),
+             helper.make_node("Reshape", ["x", "three"], ["r"]),  # 3 positions: others fail at run time
+             helper.make_node("Tanh", ["r"], ["hidden"]),
+             helper.make_node("Transpose", ["embedding"], ["t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["hidden", "t"], ["logits"])]
+    path = str(tmp_path / "m.onnx")
+    graphs.save(model_of(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
+                                 helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", width])],
+                         [helper.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["n", width]),
+                          helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", vocab])],
+                         [numpy_helper.from_array(values, "embedding"),
+                          numpy_helper.from_array(np.array([3, width], np.int64), "three")]), path)
+    info = _inspected(path, tmp_path / "scratch", True)
+    refused = info["originals"]["refused"]
+    assert refused.startswith("onnxruntime cannot run the original model on the proof's feeds (") and \
+        refused.endswith("(--proof-past N sets the past length)"), refused
+    plan = Plan(load(path), info, [], {})
+    with pytest.raises(InspectError, match="cannot be proven on this machine, nothing written: onnxruntime cannot"):
+        proven_at(plan, "never-staged.onnx", str(tmp_path), isolated.Limits(300, proving=True))  # no child: no file
+    done = run_inspect(path, "--retie", str(tmp_path / "out.onnx"))
+    assert one_line_error(done.returncode, done.stderr, "cannot be proven on this machine, nothing written", refused)
+    assert not os.path.exists(tmp_path / "out.onnx")

@@ -88,6 +88,9 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
     retie.branches read in place (branches.Shared, its drift set from the proof), so the original is run with
     prepacking off and no session may prepack them; the plan's `keep` gets the proof's {"exact"} as its `kept`."""
     model, found, rewritten, _, keep, looked_up = plan
+    refused = (found.get("originals") or {}).get("refused")  # inspect's child ran the original on the proof's feeds
+    if refused and not (in_place or upstream or looked_up):  # as the proof would: no child of the proof started
+        raise InspectError(f"{model.path} cannot be proven on this machine, nothing written: {refused}")
     optimized = os.path.join(folder, "retied.optimized.onnx")
     replaced = looked_up and head_rows_of(plan, folder)
     finals = sorted({r.now for r in rewritten})

@@ -170,16 +170,23 @@ def _shown(proto, names):
 
 def _ahead(session, shown, proto, job):
     """The original's outputs on the proof's feeds from `session` (showing `shown`), saved where job["proving"]
-    says (originals.save's answer), or None where they cannot be made (onnxruntime refusing those feeds, which the
-    proof then meets again and reports)."""
+    says (originals.save's answer); {"refused": proof.refused's line} where onnxruntime refuses to run it on one
+    of them (the proof's own run of the original would: the retie stops there, before anything is written); or
+    None where they cannot be made otherwise (the proof meets it again, and reports it)."""
     from runtime.inspect.sandbox import originals, proof
     try:
         feed_sets = proof.proof_feeds(job, proto)
-        outputs = [proof.outputs_of(run) for run in proof.run_each(session, shown, [f for _, f in feed_sets])]
-    except MemoryError:
-        raise
-    except Exception:  # noqa: BLE001 - the proof meets it again, and reports it
+    except Exception:  # noqa: BLE001 - OriginalFails, or anything else: the proof meets it again, and reports it
         return None
+    outputs, runs = [], proof.run_each(session, shown, [f for _, f in feed_sets])
+    for said, _ in feed_sets:
+        try:
+            outputs.append(proof.outputs_of(next(runs)))
+        except MemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
+            return {"refused": proof.refused(said, e)}
+    runs.close()
     return originals.save(outputs, feed_sets, job["proving"]["out"], shown)
 
 
