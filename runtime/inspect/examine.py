@@ -214,7 +214,7 @@ def found(exam, answer, measured):
     initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
                      "bytes": t.nbytes} for t in model.tensors.values()]
     copies = runtime_copies(model, optimized, watched, answer.get("folded"))
-    paired = {t["initializer"] for t in tables} | {p["head"] for p in pairs}
+    paired = {t["initializer"] for t in tables} | {p.head for p in pairs}
     ours = paired | {copy_key(c) for c in copies if c.get("copy_of") in paired}  # and what is folded from them
     for p in prepacked:
         if p["initializer"] in ours:

@@ -76,10 +76,10 @@ def file_verdict(info, file=None):
     Memory wasted is counted at the table's stored bytes per copy beyond the first."""
     found, by_table = [], {}
     for p in info["pairs"]:  # each table's pairs found once: a file of n tables and n heads has n^2 of them
-        by_table.setdefault(p["table"], []).append(p)
+        by_table.setdefault(p.table, []).append(p)
     for v in info["vocabulary"]:
         pairs = by_table.get(v["table"], [])
-        mine = [p for p in pairs if p["relation"] in ("shared",) + COPIES]
+        mine = [p for p in pairs if p.relation in ("shared",) + COPIES]
         (on_disk, wasted), held = stored_copies(pairs, v["table"]), v["tables_in_memory"]
         kind = _kind(on_disk, held)
         if kind is None:
@@ -97,9 +97,9 @@ def folder_verdict(result):
     contradicts. A folder's --retie writes one data file holding each table once."""
     found, by_table = [], {}
     ties = [(it["file"], p) for it in result["items"] for p in it["info"]["pairs"]
-            if p["relation"] in ("shared",) + COPIES]
+            if p.relation in ("shared",) + COPIES]
     for number, (file, p) in enumerate(ties):  # each table's pairs found once, not once a table
-        by_table.setdefault((file, p["table"]), []).append(number)
+        by_table.setdefault((file, p.table), []).append(number)
     for v in result["across"]["vocabulary"]:
         held = v["in_memory"]["defaults"]["copies"]
         if v["tie_finding"]:
@@ -131,15 +131,15 @@ def quantized_copies(info, file):
     vocabulary = {v["table"]: v for v in info["vocabulary"]}
     found = []
     for p in info["pairs"]:
-        answer, v = p.get("head_lookup"), vocabulary.get(p["table"])
+        answer, v = p.head_lookup, vocabulary.get(p.table)
         if answer is None or v is None:
             continue
         held = v["tables_in_memory"]
-        quant = p["head_entry"].get("quant") or p["table_entry"].get("quant")
+        quant = p.head_entry.get("quant") or p.table_entry.get("quant")
         found.append({**_entry("quantized_copy", v, file, (2, None, v["bytes"]), (LOOKUP_FROM_HEAD, answer.why_not)),
-                      "wasted_bytes_in_memory": None if held is None else held * v["bytes"], "head": p["head"],
-                      "quantized": "head" if p["head_entry"].get("quant") else "table", "bits": quant.bits,
-                      "max_error_in_scales": p["max_error_in_scales"]})  # built once, read by name after
+                      "wasted_bytes_in_memory": None if held is None else held * v["bytes"], "head": p.head,
+                      "quantized": "head" if p.head_entry.get("quant") else "table", "bits": quant.bits,
+                      "max_error_in_scales": p.max_error_in_scales})  # built once, read by name after
     return found
 
 

@@ -46,7 +46,7 @@ def test_layered_folder_reads_no_layer_weight(tmp_path, reads):
              for p in found["across"]["pairs"]]
     assert pairs == [("a.onnx", "embedding", "b.onnx", "embedding", "duplicate"),
                      ("a.onnx", "embedding", "b.onnx", "lm_head", "transposed_duplicate")]
-    assert [(p["table"], p["head"], p["relation"]) for it in found["items"] for p in it["info"]["pairs"]] \
+    assert [(p.table, p.head, p.relation) for it in found["items"] for p in it["info"]["pairs"]] \
         == [("embedding", "lm_head", "transposed_duplicate")] * 2
     assert reads["embedding"] and reads["lm_head"]  # what can hold the table is read
     assert _layer_reads(reads) == {}
@@ -58,7 +58,7 @@ def test_layered_file_reads_no_layer_weight(tmp_path, reads):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     found = inspect_model(path, str(scratch))
-    assert [(p["table"], p["head"], p["relation"]) for p in found["pairs"]] \
+    assert [(p.table, p.head, p.relation) for p in found["pairs"]] \
         == [("embedding", "lm_head", "transposed_duplicate")]
     assert len([c for c in found["runtime_copies"] if c["shape"] == [16, 16]]) == LAYERS  # the folded copies
     assert _layer_reads(reads) == {}

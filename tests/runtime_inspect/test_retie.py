@@ -2,6 +2,7 @@
 for what is rewritten, static shapes, a head sharing its table that still prepacks it, a OneHot product's table,
 real exports and quantizers retied with their logits checked against float32's bound here, a proof that fails,
 and OUT: never overwritten, never half written, never claimed twice."""
+import dataclasses
 import hashlib
 import math
 import os
@@ -187,11 +188,11 @@ def test_every_tie_left_as_it_is_is_said_and_nothing_else_is_rewritten():
     pairs = relate(data, *find_tables_and_heads(data))
     for pair in pairs:
         how, why = rules.remedy(pair)
-        assert not (how and why) and (pair["relation"] != "distinct" or (how, why) == (None, None))
-    float16 = [p for p in pairs if p["relation"] != "distinct"]  # a float16 head on its float16 table: the view
+        assert not (how and why) and (pair.relation != "distinct" or (how, why) == (None, None))
+    float16 = [p for p in pairs if p.relation != "distinct"]  # a float16 head on its float16 table: the view
     assert float16 and all(rules.remedy(p) == ("view", None) for p in float16)  # (test_retie_half.py proves it)
     for pair in float16:  # the same head in float32: another format than the table's, left and said
-        pair = dict(pair, head_entry=dict(pair["head_entry"], format="float32"))
+        pair = dataclasses.replace(pair, head_entry=dict(pair.head_entry, format="float32"))
         how, why = rules.remedy(pair)
         assert how is None and "with a head of the same format" in why
 

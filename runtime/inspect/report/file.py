@@ -87,28 +87,28 @@ def _said(info):
 def _pairs(info, w, verbose):
     """One line per table/head pair that holds one table's values twice and that no vocabulary line has said, a
     stored head read by several branches once; the distinct pairs counted (listed under --verbose)."""
-    distinct = [p for p in info["pairs"] if p["relation"] == "distinct"]
-    related = [p for p in info["pairs"] if p["relation"] != "distinct"]
+    distinct = [p for p in info["pairs"] if p.relation == "distinct"]
+    related = [p for p in info["pairs"] if p.relation != "distinct"]
     said = set() if verbose else _said(info)
-    listed = [p for p in related if verbose or (p["table"] != p["head"]  # one tensor: the vocabulary line says so
-                                                 and (p["table"], p["head"], p["relation"]) not in said)]
+    listed = [p for p in related if verbose or (p.table != p.head  # one tensor: the vocabulary line says so
+                                                 and (p.table, p.head, p.relation) not in said)]
     listed += distinct if verbose and len(distinct) <= _DISTINCT_LISTED else []
     if len(related) > _DISTINCT_LISTED:  # many equal tables: a line per set of them, not one per pair
-        listed = [p for p in listed if p["relation"] == "distinct"]
+        listed = [p for p in listed if p.relation == "distinct"]
         for line in _many_related(related):
             w(line)
     readers = {}
     for p in listed:
-        readers.setdefault((p["table"], p["table_graph"], p["head"], p["relation"]), []).append(p)
+        readers.setdefault((p.table, p.table_graph, p.head, p.relation), []).append(p)
     for (_, _, _, relation), found in readers.items():
         p = found[0]
-        unit = "their mean scale" if p["both_quantized"] else "the quantized one's scale"
-        gap = (f" (largest difference {p['max_error_in_scales']:.3g} of {unit})"
+        unit = "their mean scale" if p.both_quantized else "the quantized one's scale"
+        gap = (f" (largest difference {p.max_error_in_scales:.3g} of {unit})"
                if relation == "quantized_copy" else "")
-        table = p["table"] + (f" (in {p['table_graph']})" if p["table_graph"] != "main" else "")
-        graphs = [q["head_graph"] for q in found if q["head_graph"] != "main"]
-        head = p["head"] + (f" (read in {', '.join(graphs)})" if graphs else "")
-        wasted = f", {human(p['wasted_bytes'])} wasted in the file" if relation != "distinct" else ""
+        table = p.table + (f" (in {p.table_graph})" if p.table_graph != "main" else "")
+        graphs = [q.head_graph for q in found if q.head_graph != "main"]
+        head = p.head + (f" (read in {', '.join(graphs)})" if graphs else "")
+        wasted = f", {human(p.wasted_bytes)} wasted in the file" if relation != "distinct" else ""
         w(f"pair {table} / {head}: {relation}{gap}{wasted}")
     if distinct and not (verbose and len(distinct) <= _DISTINCT_LISTED):
         w(f"{len(distinct)} table/head pair{'s' if len(distinct) != 1 else ''} of matching shape distinct "
@@ -121,7 +121,7 @@ def _many_related(related):
     """One line per set of tables that the same heads hold the values of (each table/head pair under --json)."""
     heads = {}
     for p in related:
-        heads.setdefault(p["table"], {})[p["head"]] = p
+        heads.setdefault(p.table, {})[p.head] = p
     sets = {}
     for table, found in heads.items():
         sets.setdefault(frozenset(found), []).append(table)
@@ -129,12 +129,12 @@ def _many_related(related):
         found = [heads[t][h] for t in tables for h in names]
         kinds = {}
         for p in found:
-            kinds[p["relation"]] = kinds.get(p["relation"], 0) + 1
+            kinds[p.relation] = kinds.get(p.relation, 0) + 1
         table, head = min(tables), min(names)
         yield (f"{len(tables)} table(s) ({table}{', ...' if len(tables) > 1 else ''}) and {len(names)} head(s) "
                f"({head}{', ...' if len(names) > 1 else ''}) hold the same values:")
         yield (f"  {len(found)} pairs, " + ", ".join(f"{n} {k}" for k, n in kinds.items())
-               + f"; {human(sum(heads[tables[0]][h]['wasted_bytes'] for h in names))} wasted in the file")
+               + f"; {human(sum(heads[tables[0]][h].wasted_bytes for h in names))} wasted in the file")
 
 
 def _runtime_copies(info, w, verbose):
@@ -250,8 +250,6 @@ def as_json(info, path=None, verdict=True):
     return {**({"model": path} if path is not None else {}),
             **({"verdict": info["verdict"]} if verdict else {}), "onnxruntime": info["onnxruntime"],
             "file_bytes": info["file_bytes"], "initializers": info["initializers"], "vocabulary": info["vocabulary"],
-            "pairs": [{k: p[k] for k in ("table", "head", "relation", "wasted_bytes", "max_error_in_scales",
-                                         "table_graph", "head_graph")}
-                      for p in info["pairs"]],
+            "pairs": [p.as_json() for p in info["pairs"]],
             "runtime_copies": info["runtime_copies"], "branch_weights": info["branch_weights"],
             "prefill": info.get("prefill", []), "prepacked_unrecorded": info.get("unrecorded")}

@@ -11,8 +11,8 @@ from runtime.inspect.retie.edits import const, unique_name
 def packed_shared(pair):
     """onnxruntime-genai's int4 tie: GatherBlockQuantized on a Reshape of the [N, blocks, blob] codes that
     MatMulNBits reads (onnxruntime folds the Reshape into a second packed table)."""
-    table, head = pair["table_entry"], pair["head_entry"]
-    return (pair["relation"] == "shared" and table["node"].op_type == "GatherBlockQuantized"
+    table, head = pair.table_entry, pair.head_entry
+    return (pair.relation == "shared" and table["node"].op_type == "GatherBlockQuantized"
             and head["node"].op_type == "MatMulNBits" and table["views"] == ["Reshape"] and not head["views"]
             and len(table["stored_dims"]) == 3)
 
@@ -20,16 +20,16 @@ def packed_shared(pair):
 def packed_in_place(pair):
     """What packed_shared and --lookup-from-head are rewritten to: GatherBlockQuantized on the very [N, blocks, blob]
     codes MatMulNBits reads, no Reshape between (one table in the file; the kernel's prepacked copy is its own)."""
-    table, head = pair["table_entry"], pair["head_entry"]
-    return (pair["relation"] == "shared" and table["node"].op_type == "GatherBlockQuantized"
+    table, head = pair.table_entry, pair.head_entry
+    return (pair.relation == "shared" and table["node"].op_type == "GatherBlockQuantized"
             and head["node"].op_type == "MatMulNBits" and not table["views"] and len(table["stored_dims"]) == 3)
 
 
 def packed_duplicate(pair):
     """onnxruntime's MatMulNBitsQuantizer with Gather quantized: GatherBlockQuantized on ONNX INT4 / UINT4 [V, D]
     codes and MatMulNBits on the same codes and scales again in its block layout [V, blocks, blob]."""
-    table, head = pair["table_entry"], pair["head_entry"]
-    return (pair["relation"] == "duplicate" and table["node"].op_type == "GatherBlockQuantized"
+    table, head = pair.table_entry, pair.head_entry
+    return (pair.relation == "duplicate" and table["node"].op_type == "GatherBlockQuantized"
             and head["node"].op_type == "MatMulNBits" and not table["views"] and not head["views"]
             and len(table["stored_dims"]) == 2 and len(head["stored_dims"]) == 3 and head["scales"] is not None)
 

@@ -28,7 +28,7 @@ def rewrite(model, pairs, lookup_from_head=False):
     rewritten, done, lookups = [], set(), []
     sources = external_sources(model)
     for p in pairs:
-        table, head = p["table_entry"], p["head_entry"]
+        table, head = p.table_entry, p.head_entry
         how, _ = remedy(p, lookup_from_head)
         if how == "lookup_from_head" and id(table["node"]) not in done:
             done.add(id(table["node"]))
@@ -139,12 +139,12 @@ def planned(model, found, say, lookup_from_head=False):
     [headlookup.Lookup]); an InspectError for an opset the rewrite cannot use."""
     if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
         raise InspectError(f"{model.path}: opset below 13; --retie rewrites with opset-13 Slice and Reshape")
-    casts = {p["head"]: cast_to(p["head_entry"]) for p in found["pairs"] if remedy(p)[0] == "view"}
+    casts = {p.head: cast_to(p.head_entry) for p in found["pairs"] if remedy(p)[0] == "view"}
     rewritten, sources, lookups = rewrite(model, found["pairs"], lookup_from_head)
     for p in found["pairs"]:
         how, why = remedy(p, lookup_from_head)
         if how is None and why is not None:
-            say(f"retie: {p['table']} / {p['head']} ({p['relation']}): {why}\n")
+            say(f"retie: {p.table} / {p.head} ({p.relation}): {why}\n")
     for head, cast in casts.items():
         if cast is not None:  # the memory a run then takes is measured with the rest, not counted as a copy
             say(f"retie: {head}: its head multiplied a Cast of it to {helper.tensor_dtype_to_np_dtype(cast)}, folded "

@@ -17,7 +17,7 @@ def remedy(pair, lookup_from_head=False):
     format), "lookup_from_head" (with that flag: the float lookup reads the quantized head's codes, retie.headlookup),
     or None when the pair is left as it is; `why` then says
     why in one line where the pair holds one table's values twice (None where there is nothing to say)."""
-    table, head, relation = pair["table_entry"], pair["head_entry"], pair["relation"]
+    table, head, relation = pair.table_entry, pair.head_entry, pair.relation
     if relation == "distinct":
         return None, None
     inside = [g for g in (table["graph"], head["graph"]) if g != "main"]
@@ -25,7 +25,7 @@ def remedy(pair, lookup_from_head=False):
         return None, (f"read inside a Loop or Scan body ({inside[0]}): found and counted, but --retie rewrites the "
                       "main graph and If branches only")
     if relation == "quantized_copy":
-        found = pair.get("head_lookup")
+        found = pair.head_lookup
         if found is not None and found.possible:
             if lookup_from_head:
                 return "lookup_from_head", None
@@ -52,7 +52,7 @@ def remedy(pair, lookup_from_head=False):
     if "Reshape" in views:
         return None, (f"read through a Reshape that is not the table's own shape ({', '.join(views)}): left as it is "
                       "(a rewrite would have to undo it)")
-    if relation == "shared" and not pair["via_transpose"] and "View" in head["views"] and (
+    if relation == "shared" and not pair.via_transpose and "View" in head["views"] and (
             table["node"].op_type == "Gather" or "View" in table["views"]):
         return None, None  # already read through a run-time view: one table in memory
     return "view", None

@@ -167,12 +167,12 @@ def packs(name, prepacked):
 def head_rows_of(plan, folder):
     """{float table: {"rows", "transposed"}}: each --lookup-from-head lookup's table as the head dequantizes it,
     written to `folder` as .npy (headlookup.head_rows), its change from the table kept in plan.looked_up["changes"]."""
-    entries = {(p["table"], p["head"]): p for p in plan.found["pairs"]}
+    entries = {(p.table, p.head): p for p in plan.found["pairs"]}
     replaced, changes = {}, {}
     for i, lookup in enumerate(plan.looked_up["lookups"]):
         pair = entries[lookup.table, lookup.codes]
         path = os.path.join(folder, f"head_rows_{i}.npy")
-        changes[lookup.table] = headlookup.head_rows(plan.model, pair["head_entry"], pair["table_entry"], path)
+        changes[lookup.table] = headlookup.head_rows(plan.model, pair.head_entry, pair.table_entry, path)
         replaced[lookup.table] = {"rows": path, "transposed": lookup.transposed}
     plan.looked_up["changes"] = changes
     return replaced
@@ -182,14 +182,14 @@ def lookup_proof(plan, staged, replaced, folder, limits):
     """Check every id's row of the staged retied model against the head's rows and measure greedy agreement with
     the original (sandbox.headrows, isolated); the record in plan.looked_up["record"]; failures (one line each)."""
     found, lookups = plan.found, plan.looked_up["lookups"]
-    entries = {(p["table"], p["head"]): p for p in found["pairs"]}
+    entries = {(p.table, p.head): p for p in found["pairs"]}
     first = entries[lookups[0].table, lookups[0].codes]
-    vocab = first["table_entry"]["vocab"]
+    vocab = first.table_entry["vocab"]
     job = jobs.head_lookup(plan.model.checked, staged, [{"output": k.output, "table": k.table,
                                                          "rows": replaced[k.table]["rows"]} for k in lookups],
                            {"rows": found["rows"], "shape": found["shape"],
                             "prompts": headlookup.prompts_for(plan.model.path, vocab)},
-                           first["head_entry"].get("scores") or "logits", vocab, folder)
+                           first.head_entry.get("scores") or "logits", vocab, folder)
     limits.progress("checking every looked-up row and running both models greedily")
     record = isolated.call(job, "checking the lookup from the head", limits, plan.model.file_bytes)
     plan.looked_up["record"] = record

@@ -122,8 +122,8 @@ def relate_files(items):
         first_of_name.setdefault(key, i)
     for item in items:  # ties inside each file, as its own report found them
         for p in item["info"]["pairs"]:
-            if p["relation"] in _TIES:
-                join(first_of_name[(item["file"], p["table"])], first_of_name[(item["file"], p["head"])])
+            if p.relation in _TIES:
+                join(first_of_name[(item["file"], p.table)], first_of_name[(item["file"], p.head)])
     digests = {item["file"]: Digests(item["model"]) for item in items}
     values, firsts, quantized, pairs = Values(), {}, {}, []
 
@@ -264,8 +264,8 @@ def quantized_heads(group, items):
     """The heads that hold a token table group's values quantized (`quantized_copy` pairs of its members): a tie a
     quantizer kept up to rounding, not a lost one."""
     names = {(it["file"], e["initializer"]) for it, e, _ in group["members"]}
-    return sorted({p["head"] for it in items for p in it["info"]["pairs"]
-                   if p["relation"] == "quantized_copy" and (it["file"], p["table"]) in names})
+    return sorted({p.head for it in items for p in it["info"]["pairs"]
+                   if p.relation == "quantized_copy" and (it["file"], p.table) in names})
 
 
 def disk_bytes(items):

@@ -42,7 +42,7 @@ COPIES = ("duplicate", "transposed_duplicate")  # the relations that store a tab
 def stored_copies(pairs, table):
     """(how many times a file stores `table`: itself and each head holding a (transposed) duplicate of it, a head
     that several branches read once; the bytes those heads take)."""
-    heads = {p["head"]: p["wasted_bytes"] for p in pairs if p["table"] == table and p["relation"] in COPIES}
+    heads = {p.head: p.wasted_bytes for p in pairs if p.table == table and p.relation in COPIES}
     return 1 + len(heads), sum(heads.values())
 
 

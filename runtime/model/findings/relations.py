@@ -1,5 +1,6 @@
 """What is tied to what: table/head pairs, and whether two tensors hold the same values."""
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,9 +53,43 @@ def table_shaped(tables, heads):
     return [h for h in heads if (h["vocab"], h["width"]) in shapes]
 
 
+@dataclass(frozen=True)
+class Pair:
+    """A table and a head of the same vocab x width, and how the head holds the table's values (relate()).
+
+    `relation`: `shared` (one stored tensor, whatever view each op takes), `duplicate` or `transposed_duplicate`
+    (another initializer with the same values; quantized ones: the same codes and scales in whatever layout),
+    `quantized_copy` (a float table and a quantized one holding its values up to rounding, or two quantizations of
+    one table), or `distinct`. `wasted_bytes`: the head's bytes where it holds the table's values again; `node`: the
+    head's op as the report names it; `via_transpose`: either side read through a Transpose; `table_entry` and
+    `head_entry`: the walker's entries (graph.walk); `max_error_in_scales`: a quantized_copy's largest difference,
+    in units of the quantized one's scale (of their mean scale where both are quantized: `both_quantized`);
+    `table_graph` / `head_graph`: where each is read ("main", or a branch's path); `head_lookup`: for a float table
+    and its quantized head, a headcodes.HeadLookup (whether --lookup-from-head can make the lookup read the codes),
+    else None."""
+    table: str
+    head: str
+    relation: str
+    wasted_bytes: int
+    node: str
+    via_transpose: bool
+    table_entry: dict
+    head_entry: dict
+    max_error_in_scales: float | None
+    both_quantized: bool
+    table_graph: str
+    head_graph: str
+    head_lookup: object
+
+    JSON = ("table", "head", "relation", "wasted_bytes", "max_error_in_scales", "table_graph", "head_graph")
+
+    def as_json(self):
+        """What --json says of the pair (Pair.JSON's fields)."""
+        return {k: getattr(self, k) for k in self.JSON}
+
+
 def relate(model, tables, heads):
-    """[{table, head, relation, wasted_bytes, node, via_transpose, max_error_in_scales}] for every table/head pair of
-    the same vocab x width: `shared` (one stored tensor, whatever view each op takes), `duplicate` or
+    """A Pair for every table/head pair of the same vocab x width: `shared` (one stored tensor, whatever view each op takes), `duplicate` or
     `transposed_duplicate` (another initializer with the same values; quantized ones: the same codes and scales in
     whatever layout), `quantized_copy` (a float table and a quantized one holding its values up to rounding:
     max_error_in_scales is their largest difference in units of the quantized one's scale; or two quantizations
@@ -82,13 +117,10 @@ def relate(model, tables, heads):
                 relation, wasted = ("transposed_duplicate" if transposed else "duplicate"), head["bytes"]
             else:
                 relation, wasted = "distinct", 0
-            pairs.append({"table": table["initializer"], "head": head["initializer"], "relation": relation,
-                          "wasted_bytes": wasted, "node": same.label(head),
-                          "via_transpose": head["flips"] > 0 or table["flips"] > 0, "table_entry": table,
-                          "head_entry": head, "max_error_in_scales": gap,
-                          "both_quantized": bool(table.get("quant") and head.get("quant")),
-                          "table_graph": table.get("graph", "main"), "head_graph": head.get("graph", "main"),
-                          "head_lookup": _head_lookup(model, relation, table, head)})
+            pairs.append(Pair(table["initializer"], head["initializer"], relation, wasted, same.label(head),
+                              head["flips"] > 0 or table["flips"] > 0, table, head, gap,
+                              bool(table.get("quant") and head.get("quant")), table.get("graph", "main"),
+                              head.get("graph", "main"), _head_lookup(model, relation, table, head)))
     return pairs
 
 

@@ -15,7 +15,7 @@ def parameters(model, tables, heads, pairs):
     """(count, what was counted): float weights and quantized codes, each table or head at vocab x width (padding
     and two-codes-a-byte packing undone), a head that duplicates its table (or holds it quantized) once; scales,
     zero points, rotary caches and integer constants (shapes, masks) not counted."""
-    skipped = {p["head"] for p in pairs if p["relation"] in ("duplicate", "transposed_duplicate", "quantized_copy")}
+    skipped = {p.head for p in pairs if p.relation in ("duplicate", "transposed_duplicate", "quantized_copy")}
     for node in model.proto.graph.node:
         for i in QUANT_INPUTS.get(node.op_type, ()) + CACHE_INPUTS.get(node.op_type, ()):
             if i < len(node.input):

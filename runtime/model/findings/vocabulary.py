@@ -23,15 +23,15 @@ def vocabulary(model, tables, heads, pairs, copies, held, version):
     entries = []
     by_table = {}
     for p in pairs:
-        by_table.setdefault(p["table"], []).append(p)
+        by_table.setdefault(p.table, []).append(p)
     for table in tables:
         mine = by_table.get(table["initializer"], [])
-        tie = next((p for p in mine if p["relation"] == "shared"), None) or next(
-            (p for p in mine if p["relation"] in ("duplicate", "transposed_duplicate")), None)
-        stored = {table["initializer"]} | ({tie["head"]} if tie else set())
+        tie = next((p for p in mine if p.relation == "shared"), None) or next(
+            (p for p in mine if p.relation in ("duplicate", "transposed_duplicate")), None)
+        stored = {table["initializer"]} | ({tie.head} if tie else set())
         producer, consumers = table["producer"], table["consumers"]  # its own scope's (a body's sees outer ones)
         scale, is_sqrt = shares.row_scale(model, table, producer, consumers)
-        quantized_head = next((p for p in mine if p["relation"] == "quantized_copy"), None)
+        quantized_head = next((p for p in mine if p.relation == "quantized_copy"), None)
         folded = [copy_key(c) for c in copies if c.get("copy_of") in stored and c.get("view") != "prepacked"]
         stored_bytes = sum(model.tensors[n].nbytes for n in stored)
         others = total_bytes - stored_bytes - (table["bytes"] - model.tensors[table["initializer"]].nbytes)  # the
@@ -40,11 +40,11 @@ def vocabulary(model, tables, heads, pairs, copies, held, version):
         entries.append({"table": table["initializer"], "graph": table.get("graph", "main"),
                         "vocab_size": table["vocab"], "width": table["width"],
                         "format": table["format"], "bytes": table["bytes"], "tied": tie is not None,
-                        "head": tie["head"] if tie else None, "tie_relation": tie["relation"] if tie else None,
+                        "head": tie.head if tie else None, "tie_relation": tie.relation if tie else None,
                         "tables_in_memory": memory["defaults"]["copies"],
-                        "quantized_head": quantized_head and {"head": quantized_head["head"],
-                                                              "max_error_in_scales": quantized_head["max_error_in_scales"],
-                                                              "wasted_bytes": quantized_head["wasted_bytes"]},
+                        "quantized_head": quantized_head and {"head": quantized_head.head,
+                                                              "max_error_in_scales": quantized_head.max_error_in_scales,
+                                                              "wasted_bytes": quantized_head.wasted_bytes},
                         "in_memory": memory,
                         "parameter_share": round(table["vocab"] * table["width"] / params, 4) if params else None,
                         "parameters_counted": params, "parameters_what": counted,
