@@ -56,7 +56,7 @@ def given(originals, feed_sets, watched):
     """The original's outputs saved ahead (save's `originals`), one dict per feed set, where they were run on
     exactly `feed_sets` (the same steps, the same feeds bit for bit) showing exactly the values of `watched`; else
     None, also where the file cannot be read as it was written, or where inspect's child saw the original refused
-    (work._ahead)."""
+    (ahead.run_ahead)."""
     if not originals or "refused" in originals or originals["shown"] != sorted(set(watched)) or \
             [entry[0] for entry in originals["index"]] != [said for said, _ in feed_sets]:
         return None

@@ -4,7 +4,7 @@ prefill, check a lookup from the head. Each imports onnxruntime's side lazily: t
 import os
 
 from runtime.model.read.checked import source
-from runtime.inspect.sandbox import folding
+from runtime.inspect.sandbox import ahead, folding
 
 
 def _model(job):
@@ -72,38 +72,17 @@ def measure(job):
     if _layout_apart(job, model, shell, proto):
         figures = session_growth(model, feeds, job["prepacking"], data_folder=folder)
         let_go()  # the session measured: gone before the next one opens
-        written, ahead, unrecorded = _written_apart((shell, shell_folder), job["layout"], proto, job.get("sizes"),
+        written, saved, unrecorded = _written_apart((shell, shell_folder), job["layout"], proto, job.get("sizes"),
                                                     job)
         owned = 0
     else:  # with its data at once where a copy to compare will be made (folding.made_at_load)
         written = folding.made_at_load(proto, job.get("sizes"))
-        figures, ahead = _measured_showing(job, (model, folder), proto, feeds, written)
+        figures, saved = ahead.measured_showing(job, (model, folder), proto, feeds, written)
         owned, unrecorded = None, None
     layout = _proto(job["layout"])
-    return {**figures, "onnxruntime": onnxruntime.__version__, "originals": ahead, "unrecorded": unrecorded,
+    return {**figures, "onnxruntime": onnxruntime.__version__, "originals": saved, "unrecorded": unrecorded,
             "owned_bytes": owned_bytes(proto, layout) if owned is None else owned,
             **_data_written(job["layout"], (shell, shell_folder), proto, layout, job.get("sizes"), written)}
-
-
-def _measured_showing(job, model, proto, feeds, written):
-    """(sessions_growth's figures of the session measured, which writes the layout; the original's outputs saved
-    for a --retie's proof, or None). Where `job` is proving (jobs.proving), that session shows the heads' hidden
-    vectors (a few KiB of outputs more) and, once measured, runs the proof's feeds (_ahead): the proof then loads
-    the original no more (issue 57's decision). Where onnxruntime refuses the model with them shown, the model as
-    it is."""
-    from runtime.resident import resident, sessions_growth
-    shown, showing = _shown(proto, job["proving"]["show"]) if job.get("proving") else (None, None)
-    kept = []
-    if showing is not None:
-        try:
-            figures = sessions_growth([(showing.SerializeToString(), model[1], feeds, job["layout"], written)],
-                                      job["prepacking"], measure=resident, keep=kept)
-            return figures, _ahead(kept.pop(), shown, proto, job)
-        except MemoryError:
-            raise
-        except Exception:  # noqa: BLE001 - refused with them shown: measured as it is, the proof runs the original
-            kept.clear()
-    return sessions_growth([(*model, feeds, job["layout"], written)], job["prepacking"], measure=resident), None
 
 
 def _layout_apart(job, model, shell, proto):
@@ -126,14 +105,14 @@ def _written_apart(shell, path, proto, sizes, job=None):
     (folding.made_at_load; `sizes` None: any), the model with its data at once, one session fewer. (Whether the data
     was written, the original's outputs saved for a --retie's proof or None, probed.unrecorded's answer or None):
     where `job` (a measure job or part) is proving (jobs.proving), the session that writes it, the layout or the
-    model with its data, shows the heads' hidden vectors and runs the proof's feeds (_ahead). A layout alone that
-    runs no feeds is written with prepacking off where probed.packing_off allows (issue 57's decision): the
+    model with its data, shows the heads' hidden vectors and runs the proof's feeds (ahead.run_ahead). A layout
+    alone that runs no feeds is written with prepacking off where probed.packing_off allows (issue 57's decision): the
     packings of the tables' copies are probed apart. (The proof's reference is the original as its client runs it,
     prepacking on: a MatMul on a packed weight sums in another order.)"""
     from runtime.inspect.sandbox import probed
     from runtime.optimized import layout_session, write_optimized_layout, write_optimized_model
     data = folding.made_at_load(proto, sizes)
-    shown, model = _shown(proto, job["proving"]["show"]) if (job or {}).get("proving") else (None, None)
+    shown, model = ahead.shown_copy(proto, job["proving"]["show"]) if (job or {}).get("proving") else (None, None)
     packing = data or model is not None or not probed.packing_off(proto)
     if model is not None:  # the same session runs the proof's feeds: the proof loads the original no more
         folder = shell[1] or os.path.dirname(os.path.abspath(shell[0]))
@@ -144,50 +123,14 @@ def _written_apart(shell, path, proto, sizes, job=None):
         except Exception:  # noqa: BLE001 - onnxruntime refusing the model with them shown: the layout as it is
             session = None
         if session is not None:
-            ahead = _ahead(session, shown, proto, job)
+            saved = ahead.run_ahead(session, shown, proto, job)
             del session
-            return data, ahead, None if packing else probed.unrecorded(_proto(path), sizes)
+            return data, saved, None if packing else probed.unrecorded(_proto(path), sizes)
     if data:
         write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
     else:
         write_optimized_layout(shell[0], path, data_folder=shell[1], prepacking=packing)
     return data, None, None if packing else probed.unrecorded(_proto(path), sizes)
-
-
-def _shown(proto, names):
-    """({name: the output that shows it}, a copy of `proto` (the model's shell) that also outputs `names`), or
-    (None, None) where one cannot be shown (exposed.with_outputs' ValueError, onnx's shape inference failing: the
-    proof runs the original then)."""
-    import onnx
-
-    from runtime.inspect.sandbox.exposed import shown_copy
-    try:
-        model, shown = shown_copy(proto, names)
-    except (ValueError, onnx.shape_inference.InferenceError):
-        return None, None
-    return shown, model
-
-
-def _ahead(session, shown, proto, job):
-    """The original's outputs on the proof's feeds from `session` (showing `shown`), saved where job["proving"]
-    says (originals.save's answer); {"refused": proof.refused's line} where onnxruntime refuses to run it on one
-    of them (the proof's own run of the original would: the retie stops there, before anything is written); or
-    None where they cannot be made otherwise (the proof meets it again, and reports it)."""
-    from runtime.inspect.sandbox import originals, proof
-    try:
-        feed_sets = proof.proof_feeds(job, proto)
-    except Exception:  # noqa: BLE001 - OriginalFails, or anything else: the proof meets it again, and reports it
-        return None
-    outputs, runs = [], proof.run_each(session, shown, [f for _, f in feed_sets])
-    for said, _ in feed_sets:
-        try:
-            outputs.append(proof.outputs_of(next(runs)))
-        except MemoryError:
-            raise
-        except Exception as e:  # noqa: BLE001 - onnxruntime's refusal, whatever its type, is the finding
-            return {"refused": proof.refused(said, e)}
-    runs.close()
-    return originals.save(outputs, feed_sets, job["proving"]["out"], shown)
 
 
 def _data_written(path, shell, proto, layout, sizes, written=False):
@@ -222,9 +165,9 @@ def measure_together(job):
     import onnxruntime
 
     from runtime.feeds import first_feeds
-    from runtime.resident import let_go, owned_bytes, sessions_growth
-    models, protos, shells, later = [], [], [], []
-    for part in job["files"]:
+    from runtime.resident import let_go, owned_bytes
+    models, protos, shells, later, showing = [], [], [], [], {}
+    for i, part in enumerate(job["files"]):
         (model, folder), shell, proto = _model(part)
         layout = part.get("layout")
         inline = layout and _layout_apart(part, model, shell[0], proto)
@@ -233,20 +176,24 @@ def measure_together(job):
         protos.append(proto if layout else None)
         shells.append(shell)
         later += [(shell, layout, proto, part)] if inline else []
-    figures = sessions_growth(models, job["prepacking"])
+        proving = layout and not inline and part.get("proving")
+        shown, copy = ahead.shown_copy(proto, part["proving"]["show"]) if proving else (None, None)
+        if copy is not None:  # its session measured shows the heads' hidden vectors, then runs the proof's feeds
+            showing[i] = (shown, copy.SerializeToString())
+    figures, given = ahead.together_showing(models, showing, protos, job)
     if not any(part.get("layout") for part in job["files"]):
         return figures
     let_go()  # the sessions measured: gone before a layout's own session opens
     apart = {layout: _written_apart(shell, layout, proto, part["sizes"], part) for shell, layout, proto, part in later}
     layouts = []
-    for part, proto, shell, run in zip(job["files"], protos, shells, models):
+    for i, (part, proto, shell, run) in enumerate(zip(job["files"], protos, shells, models)):
         if proto is None:
             layouts.append(None)
             continue
         layout = _proto(part["layout"])
         owned = 0 if part["layout"] in apart else owned_bytes(proto, layout)
-        written, ahead, unrecorded = apart.get(part["layout"], (run[4], None, None))  # written as it opened, or apart
-        layouts.append({"onnxruntime": onnxruntime.__version__, "owned_bytes": owned, "originals": ahead,
+        written, saved, unrecorded = apart.get(part["layout"], (run[4], given.get(i), None))  # as it opened, or apart
+        layouts.append({"onnxruntime": onnxruntime.__version__, "owned_bytes": owned, "originals": saved,
                         "unrecorded": unrecorded,
                         **_data_written(part["layout"], shell, proto, layout, part["sizes"], written)})
     return {**figures, "layouts": layouts}
