@@ -359,3 +359,28 @@ def test_a_float16_layout_written_apart_reports_what_prepacking_on_reports(tmp_p
     held = lambda data: [v["in_memory"]["defaults"]["copies"] for v in data["vocabulary"]]
     assert copies(found["past OWNED_MOST"]) == copies(found["as made"]) and len(copies(found["as made"])) >= 2
     assert held(found["past OWNED_MOST"]) == held(found["as made"]) == [2]
+
+
+def test_a_probe_onnxruntime_refuses_writes_the_layout_again_with_its_packings_recorded(tmp_path, monkeypatch):
+    """Where a node alone cannot be probed (onnxruntime refusing it, whatever the reason), the layout written with
+    prepacking off is written again with it on, its packings recorded as onnxruntime makes them: nothing is lost,
+    the session only costs what it did before the decision."""
+    from runtime.inspect.sandbox import probed, work
+    from runtime.resident import prepacked_copies
+    model = onnx.load(model_in("genai_fp16"))
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(2**20, np.float16), "unread"))  # past OWNED_MOST
+    path, layout = str(tmp_path / "model.onnx"), str(tmp_path / "layout.onnx")
+    onnx.save(model, path, save_as_external_data=True, location="model.onnx.data")
+    shell = onnx.load(path, load_external_data=False)
+    assert probed.packing_off(shell)
+    data, saved, unrecorded = work._written_apart((path, str(tmp_path)), layout, shell, [VOCAB * WIDTH])
+    assert (data, saved) == (False, None) and unrecorded["probed"]  # probed
+    assert prepacked_copies(onnx.load(layout, load_external_data=False)) == []
+
+    def refused(*args):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : a node alone refused")
+    monkeypatch.setattr(probed, "_probed", refused)
+    data, saved, unrecorded = work._written_apart((path, str(tmp_path)), layout, shell, [VOCAB * WIDTH])
+    assert (data, saved, unrecorded) == (False, None, None)
+    recorded = prepacked_copies(onnx.load(layout, load_external_data=False))
+    assert [p["initializer"] for p in recorded if p["initializer"] == "FusedBack_lm_head.MatMul.weight"]

@@ -122,15 +122,22 @@ def _written_apart(shell, path, proto, sizes, job=None):
             raise
         except Exception:  # noqa: BLE001 - onnxruntime refusing the model with them shown: the layout as it is
             session = None
-        if session is not None:
-            saved = ahead.run_ahead(session, shown, proto, job)
-            del session
-            return data, saved, None if packing else probed.unrecorded(_proto(path), sizes)
+        if session is not None:  # prepacking on: its outputs are the client's run
+            return data, ahead.run_ahead(session, shown, proto, job), None
     if data:
         write_optimized_model(shell[0], path, prepacked=True, data_folder=shell[1])
-    else:
-        write_optimized_layout(shell[0], path, data_folder=shell[1], prepacking=packing)
-    return data, None, None if packing else probed.unrecorded(_proto(path), sizes)
+        return data, None, None
+    write_optimized_layout(shell[0], path, data_folder=shell[1], prepacking=packing)
+    if packing:
+        return data, None, None
+    try:
+        return data, None, probed.unrecorded(_proto(path), sizes)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - a node onnxruntime refuses alone: the layout again, its packings recorded
+        os.remove(path)
+        write_optimized_layout(shell[0], path, data_folder=shell[1])
+        return data, None, None
 
 
 def _data_written(path, shell, proto, layout, sizes, written=False):
