@@ -13,7 +13,7 @@ from runtime.model.graph.weights import matmul_weights, shared_weights
 from runtime.model.read.model import graph_paths
 from runtime.inspect.retie.edits import const, unique_name
 
-_READ_IN_PLACE = PLAIN_MATMULS + ("FusedMatMul",)  # and onnxruntime's fusion of them; any other kernel that packs vetoes
+_READ_IN_PLACE = PLAIN_MATMULS + ("FusedMatMul",)  # and onnxruntime's fusion of them; another packing kernel vetoes
 
 
 def why_not(model, found):

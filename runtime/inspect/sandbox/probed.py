@@ -39,8 +39,8 @@ def unrecorded(layout, sizes):
     on would record of the initializers of `layout` (an optimized model, ModelProto without data) that hold one of
     `sizes` elements (the tables and their copies), for each packing kernel (ops.PACKING) that reads one."""
     from runtime.resident import prepacked_copies
-    constants = {t.name: t for t in layout.graph.initializer}
-    watched = {name for name, t in constants.items() if math.prod(t.dims) in set(sizes or ())}
+    constants, counts = {t.name: t for t in layout.graph.initializer}, set(sizes or ())
+    watched = {name for name, t in constants.items() if math.prod(t.dims) in counts}
     probed = []
     for node in layout.graph.node:
         typed = PACKING.get(node.op_type)

@@ -89,11 +89,7 @@ class Pair:
 
 
 def relate(model, tables, heads):
-    """A Pair for every table/head pair of the same vocab x width: `shared` (one stored tensor, whatever view each op takes), `duplicate` or
-    `transposed_duplicate` (another initializer with the same values; quantized ones: the same codes and scales in
-    whatever layout), `quantized_copy` (a float table and a quantized one holding its values up to rounding:
-    max_error_in_scales is their largest difference in units of the quantized one's scale; or two quantizations
-    of one table, in units of their mean scale, the head's bytes wasted; never a tie), or `distinct`."""
+    """A Pair (its relation said there) for every table and head of the same vocab x width."""
     pairs, digest, values = [], Digests(model), Values()
     by_shape, named, heads = {}, {}, table_shaped(tables, heads)
     for head in heads:

@@ -213,8 +213,8 @@ def load(path, folder=None, data=None, root=None, layout_only=False):
     `root`: where the model file itself must really lie when it is opened (a folder's root: a link swapped in
     after the folder was checked is refused); default: anywhere. `data`: the file as read already (a wire.Shell:
     runtime.model.read.checked.source's), checked instead of reading it again. `layout_only`: a model whose
-    external data was never written (an optimized model written for its layout: runtime.optimized.write_optimized_layout), its
-    tensors sized from their dims and never read.
+    external data was never written (an optimized model written for its layout:
+    runtime.optimized.write_optimized_layout), its tensors sized from their dims and never read.
     """
     shell = data if data is not None else wire.read_file(path, root)
     proto = onnx.ModelProto()
