@@ -43,8 +43,8 @@ def _sessions(folder, scratch):
     """(seconds, figures): the client's sessions on `folder` opened and run once, one child per setting, every
     file in that child (memory.measure_together, as inspect runs it), timed alone."""
     result = inspect_folder(folder, scratch, isolated.Limits(), static=True)
-    parts = [{"checked": it["model"].checked, "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
-             for it in result["items"] if it["info"]["rows"]]
+    parts = [{"checked": it["model"].checked, "rows": it["info"].rows, "shape": it["info"].shape}
+             for it in result["items"] if it["info"].rows]
     together = os.path.join(scratch, "sessions")
     os.mkdir(together)
     start = time.perf_counter()

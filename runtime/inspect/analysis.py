@@ -14,9 +14,9 @@ from runtime.model.read.layout import variants
 
 
 class Analysis(NamedTuple):
-    """One run's findings. `kind`: "file" (`found` is examine.inspect_model's dict), "folder" (examine_folder.
-    inspect_folder's result) or "variants" (inspect_variants' list of {"dtype", "result"}); each file's dict holds
-    its "prefill" finding, each file's and folder's result its "verdict" (verdict.file_verdict, folder_verdict).
+    """One run's findings. `kind`: "file" (`found` is examine.inspect_model's Findings), "folder" (examine_folder.
+    inspect_folder's result) or "variants" (inspect_variants' list of {"dtype", "result"}); each file's Findings holds
+    its prefill finding and verdict, each folder's result its "verdict" (verdict.file_verdict, folder_verdict).
     `verdict`: the run's, a variant's entries each with its `dtype`."""
     kind: str
     found: object
@@ -30,8 +30,8 @@ def analyse(args, scratch, limits):
     if not os.path.isdir(args.model):
         info = inspect_model(args.model, scratch, limits, args.proof_past, args.static, settings)
         _prefill(info, args, scratch, limits)
-        info["verdict"] = file_verdict(info, args.model)
-        return Analysis("file", info, info["verdict"])
+        info.verdict = file_verdict(info, args.model)
+        return Analysis("file", info, info.verdict)
     if args.dtype is None and not args.files and variants(args.model):
         found = inspect_variants(args.model, scratch, limits, args.proof_past, args.static, settings)
         for f in found:
@@ -51,7 +51,7 @@ def _judged(result, args, scratch, limits):
 
 
 def _prefill(info, args, folder, limits):
-    """info["prefill"]: a decoder's head scoring every prompt position, its share counted; measured on request."""
-    info["prefill"] = all_positions(info, info["model"], args.prompt_length)
+    """info.prefill: a decoder's head scoring every prompt position, its share counted; measured on request."""
+    info.prefill = all_positions(info, info.model, args.prompt_length)
     if args.time_prefill:
-        time_prefill(info["model"], info, folder, limits)
+        time_prefill(info.model, info, folder, limits)

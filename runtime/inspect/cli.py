@@ -243,7 +243,7 @@ def _retie(analysis, args, scratch, limits, say, asked):
     kind, found = analysis.kind, analysis.found
     isolated.prestart(scratch)  # the proof's child imports onnxruntime while OUT is written
     if kind == "file":
-        return retie(found["model"], found, args.retie, scratch, limits, say, asked)
+        return retie(found.model, found, args.retie, scratch, limits, say, asked)
     if kind == "folder":
         return retie_folder(found, args.retie, scratch, limits, say, asked)
     return retie_variants(found, args.retie, scratch, limits, say, asked)

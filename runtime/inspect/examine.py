@@ -1,5 +1,5 @@
 """One model file examined: everything inspect's report shows of it (tables, heads, pairs, runtime copies, what a
-session holds), as one dict: the --json output plus what --retie needs."""
+session holds), as one found.Findings: the --json output plus what --retie needs."""
 import contextlib
 import os
 
@@ -9,9 +9,9 @@ from runtime.model.findings.counting import DEFAULTS
 from runtime.model.findings.copies import copy_sizes, runtime_copies
 from runtime.model.findings.relations import relate, table_shaped
 from runtime.model.findings.vocabulary import copy_key, vocabulary
-from runtime.model.found import static_findings
+from runtime.model.found import Findings, static_findings
+from runtime.model.graph.entries import HeadEntry
 from runtime.model.graph.walk import find_tables_and_heads, lookup_ids
-from runtime.model.graph.weights import shared_weights
 from runtime.model.read import paths
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
@@ -21,7 +21,7 @@ from runtime.resident import OWNED_MOST, prepacked_copies, unscoped
 
 
 def inspect_model(path, folder, limits=None, proof_past=None, static=False, measure=DEFAULTS, root=None):
-    """Everything the report shows, as one dict (the --json output plus what --retie needs).
+    """Everything the report shows, as one found.Findings (the --json output plus what --retie needs).
 
     `folder` is a scratch folder for onnxruntime's optimized model; `limits` bound the isolated child;
     `proof_past` the past length of the decoder feeds it runs the model on (default: feeds.plan's); `static`:
@@ -50,7 +50,7 @@ def _read(path, limits, root):
 
 class Examination:
     """inspect_model in two halves: the files read and related here while onnxruntime opens the model in a child;
-    finish() measures (the settings in `measure`), waits for the child and gives inspect_model's dict. Several
+    finish() measures (the settings in `measure`), waits for the child and gives inspect_model's Findings. Several
     files started before any finishes build their optimized models side by side.
 
     Where the model is measured, one child measures the session under the defaults, opened as its user opens it,
@@ -69,12 +69,12 @@ class Examination:
         self.tables, self.heads = find_tables_and_heads(model)
         # what a copy onnxruntime makes may hold: a table's values (a folder's other files' tables may be any head's)
         self.watched = self.tables + (table_shaped(self.tables, self.heads) if measure else self.heads)
-        self.rows = {lookup_ids(t): t["vocab"] for t in self.tables}  # each lookup's ids, and the rows they may name
+        self.rows = {lookup_ids(t): t.vocab for t in self.tables}  # each lookup's ids, and the rows they may name
         self.settings = list(measure) if self.tables else []  # nothing to measure without a table
         # one child measures the defaults and writes the layout (one session, or, where the model holds its tensors
         # inline, a second one from its shell once the first is measured: work.measure)
         self.merged = "defaults" in self.settings and not memory.too_large(model.file_bytes)
-        self.out, self.sizes = os.path.join(folder, "optimized.onnx"), copy_sizes(model, self.watched)
+        self.out, self.sizes = os.path.join(folder, "optimized.onnx"), copy_sizes(model, [e.initializer for e in self.watched])
         self.job = jobs.optimize({"checked": model.checked}, self.out, folder, self.sizes)
         self.first, self.pairs = None, None
         if child:
@@ -85,7 +85,7 @@ class Examination:
         """Watch for copies only this file's tables and its heads shaped as one of `tables` (every file's of a
         folder, once all are read): no other weight can hold a table's values."""
         self.watched = self.tables + table_shaped(tables, self.heads)
-        self.sizes = copy_sizes(self.model, self.watched)
+        self.sizes = copy_sizes(self.model, [e.initializer for e in self.watched])
         self.job = jobs.optimize({"checked": self.model.checked}, self.out, self.folder, self.sizes)
 
     def part(self):
@@ -98,7 +98,7 @@ class Examination:
         hidden vectors its heads shaped as a table read cannot be shown without changing what onnxruntime makes of
         the graph (originals.shown_ahead); else jobs.proving's: those shown, where a session of its own writes the
         layout, and the proof's feeds run there (sandbox.originals)."""
-        heads = [h for h in self.watched if "as_table" in h and h["graph"] == "main"]
+        heads = [h for h in self.watched if isinstance(h, HeadEntry) and h.graph == "main"]
         show = originals.shown_ahead(self.model.proto, heads) if self.limits.proving and heads else None
         return job if show is None else jobs.proving(job, show, os.path.join(self.folder, "originals.npz"))
 
@@ -129,7 +129,7 @@ class Examination:
             self.first.stop()
 
     def finish(self, answer=None):
-        """inspect_model's dict (the child stopped on the way out, whatever happens). `answer`: what a folder's
+        """inspect_model's Findings (the child stopped on the way out, whatever happens). `answer`: what a folder's
         measure_together child said of this file's layout (its "layouts" entry): no child of its own is waited for,
         and nothing is measured here."""
         try:
@@ -201,20 +201,18 @@ def optimized_version(optimizing, path):
 
 
 def found(exam, answer, measured):
-    """inspect_model's dict, from what the parent read (an Examination's model, tables, heads, pairs, rows, shape)
+    """inspect_model's Findings, from what the parent read (an Examination's model, tables, heads, pairs, rows, shape)
     and what onnxruntime's optimized model (at its job's out, its child's `answer`: optimized_version's) and the
     measurements show. Only the tables and the heads that can hold their values are watched for copies."""
-    model, tables, heads, pairs, rows, shape = exam.model, exam.tables, exam.heads, exam.pairs, exam.rows, exam.shape
+    model, tables, heads, pairs = exam.model, exam.tables, exam.heads, exam.pairs
     optimized_path = exam.out
     optimized = folding.read_optimized(optimized_path, os.path.dirname(optimized_path), answer)
     version = answer["onnxruntime"]
     unrecorded = answer.get("unrecorded")  # a layout written with prepacking off: the tables' packings probed
     prepacked = prepacked_copies(optimized.proto) + (unrecorded["probed"] if unrecorded else [])
-    watched = list(dict.fromkeys(e["initializer"] for e in exam.watched))
-    initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
-                     "bytes": t.nbytes} for t in model.tensors.values()]
+    watched = list(dict.fromkeys(e.initializer for e in exam.watched))
     copies = runtime_copies(model, optimized, watched, answer.get("folded"))
-    paired = {t["initializer"] for t in tables} | {p.head for p in pairs}
+    paired = {t.initializer for t in tables} | {p.head for p in pairs}
     ours = paired | {copy_key(c) for c in copies if c.get("copy_of") in paired}  # and what is folded from them
     for p in prepacked:
         if p["initializer"] in ours:
@@ -226,30 +224,13 @@ def found(exam, answer, measured):
     def held(names, table_bytes, other_bytes):
         return counting.in_memory(names, table_bytes, other_bytes, optimized, prepacked, measured)
 
-    return {"model": model, "tables": tables, "heads": heads, "file_bytes": model.file_bytes,
-            "initializers": initializers, "pairs": pairs, "runtime_copies": copies, "rows": rows, "shape": shape,
-            "vocabulary": vocabulary(model, tables, heads, pairs, copies, held, version), "onnxruntime": version,
-            "measure_error": measured.get("error"),
-            "optimized_bytes": sum(t.nbytes for t in optimized.tensors.values()), "optimized": optimized,
-            "prepacked": prepacked, "unrecorded": unrecorded, "branch_weights": branch_weights(model),
-            "originals": answer.get("originals")}
+    return Findings(model, tables, heads, pairs, vocabulary(model, tables, heads, pairs, copies, held, version),
+                    shape=exam.shape, runtime_copies=copies, onnxruntime=version,
+                    measure_error=measured.get("error"), optimized=optimized, prepacked=prepacked,
+                    unrecorded=unrecorded, originals=answer.get("originals"))
 
 
 def _from_files(path, limits, proof_past, root):
     """inspect_model(static=True): what the files say, in the time it takes to read them."""
     model = _read(path, limits, root)
-    found = static_findings(model)
-    tables = found["tables"]
-    initializers = [{"name": t.name, "dtype": t.type_name, "shape": t.dims, "elements": t.elements,
-                     "bytes": t.nbytes} for t in model.tensors.values()]
-    return {"model": model, **found, "file_bytes": model.file_bytes, "initializers": initializers,
-            "runtime_copies": None, "rows": {lookup_ids(t): t["vocab"] for t in tables},
-            "shape": feeds.plan(model.proto, model.path, proof_past), "onnxruntime": None, "measure_error": None,
-            "optimized": None, "prepacked": [], "branch_weights": branch_weights(model)}
-
-
-def branch_weights(model):
-    """[{name, bytes, graphs}]: the matmul weights two or more graphs of `model` read (graph.weights.shared_weights),
-    each of which onnxruntime's defaults prepack once per graph."""
-    return [{"name": name, "bytes": model.tensors[name].nbytes, "graphs": graphs}
-            for name, graphs in sorted(shared_weights(model).items())]
+    return static_findings(model, feeds.plan(model.proto, model.path, proof_past))

@@ -91,14 +91,14 @@ def _measured_with_layouts(exams, together, limits, total, settings):
 
 
 def _items(files, infos):
-    return [{"file": name, "model": info["model"], "info": info} for name, info in zip(files, infos)]
+    return [{"file": name, "model": info.model, "info": info} for name, info in zip(files, infos)]
 
 
 def widened(group, items):
     """What the CPU provider's float32 widenings of each file's other weights (not the group's tensors) add
     beyond those weights as stored (findings.copies.widened_others): the memory ratio counts them as held."""
-    return sum(widened_others(it["model"], it["info"].get("runtime_copies"),
-                              {m.entry["initializer"] for m in group["members"] if m.item is it}) for it in items)
+    return sum(widened_others(it["model"], it["info"].runtime_copies,
+                              {m.entry.initializer for m in group["members"] if m.item is it}) for it in items)
 
 
 def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static=False, settings=DEFAULTS):
@@ -125,7 +125,7 @@ def inspect_folder(folder, scratch, limits, proof_past=None, chosen=None, static
         group["tie_finding"] = tie_finding(group, config, items)
         group["quantized_heads"] = quantized_heads(group, items)
     return {"folder": folder, "rule": rule, "items": items, "across": across, "measure_error": measured.get("error"),
-            "onnxruntime": items[0]["info"]["onnxruntime"] if items else None}
+            "onnxruntime": items[0]["info"].onnxruntime if items else None}
 
 
 def inspect_variants(folder, scratch, limits, proof_past=None, static=False, settings=DEFAULTS):

@@ -75,16 +75,16 @@ def file_verdict(info, file=None):
     more than once (copies_in_memory null under --static). A stored copy that two branches read is one copy.
     Memory wasted is counted at the table's stored bytes per copy beyond the first."""
     found, by_table = [], {}
-    for p in info["pairs"]:  # each table's pairs found once: a file of n tables and n heads has n^2 of them
+    for p in info.pairs:  # each table's pairs found once: a file of n tables and n heads has n^2 of them
         by_table.setdefault(p.table, []).append(p)
-    for v in info["vocabulary"]:
+    for v in info.vocabulary:
         pairs = by_table.get(v["table"], [])
         mine = [p for p in pairs if p.relation in ("shared",) + COPIES]
         (on_disk, wasted), held = stored_copies(pairs, v["table"]), v["tables_in_memory"]
         kind = _kind(on_disk, held)
         if kind is None:
             continue
-        widened = v["format"] if _widened(info.get("runtime_copies"), v["table"]) else None
+        widened = v["format"] if _widened(info.runtime_copies, v["table"]) else None
         fix, why = (_remedies(mine, kind, widened) if mine else
                     (None, "no head reads it: the copies are onnxruntime's own"))
         found.append(_entry(kind, v, file, (on_disk, held, wasted), (fix, why)))
@@ -96,7 +96,7 @@ def folder_verdict(result):
     in, as file_verdict, with the copies every session of the client holds together; and each tie config.json
     contradicts. A folder's --retie writes one data file holding each table once."""
     found, by_table = [], {}
-    ties = [(it["file"], p) for it in result["items"] for p in it["info"]["pairs"]
+    ties = [(it["file"], p) for it in result["items"] for p in it["info"].pairs
             if p.relation in ("shared",) + COPIES]
     for number, (file, p) in enumerate(ties):  # each table's pairs found once, not once a table
         by_table.setdefault((file, p.table), []).append(number)
@@ -109,10 +109,10 @@ def folder_verdict(result):
         kind = _kind(v["copies_on_disk"], held)
         if kind is None:
             continue
-        names = {(it["file"], e["initializer"]) for it, e, _ in v["members"]}
+        names = {(it["file"], e.initializer) for it, e, _ in v["members"]}
         pairs = [ties[n][1] for n in sorted(n for name in names for n in by_table.get(name, []))]  # files' order
         files = {s["file"] for s in v["stored"]}
-        widened = v["format"] if any(_widened(it["info"].get("runtime_copies"), e["initializer"])
+        widened = v["format"] if any(_widened(it["info"].runtime_copies, e.initializer)
                                      for it, e, _ in v["members"]) else None
         fix, why = _remedies(pairs, kind, widened) if pairs and len(files) == 1 else (RETIE, None)
         found.append(_entry(kind, v, v["file"], (v["copies_on_disk"], held, v["wasted_bytes"]), (fix, why)))
@@ -128,27 +128,27 @@ def quantized_copies(info, file):
     as its codes (relations' head_lookup), with what --lookup-from-head would save (the float table on disk, and
     each copy of it a session holds), or why it cannot; `bits` and `max_error_in_scales` say what the rows would
     become (each element within that many of its quantization steps), `quantized` which side holds the codes."""
-    vocabulary = {v["table"]: v for v in info["vocabulary"]}
+    vocabulary = {v["table"]: v for v in info.vocabulary}
     found = []
-    for p in info["pairs"]:
+    for p in info.pairs:
         answer, v = p.head_lookup, vocabulary.get(p.table)
         if answer is None or v is None:
             continue
         held = v["tables_in_memory"]
-        quant = p.head_entry.get("quant") or p.table_entry.get("quant")
+        quant = p.head_entry.quant or p.table_entry.quant
         found.append({**_entry("quantized_copy", v, file, (2, None, v["bytes"]), (LOOKUP_FROM_HEAD, answer.why_not)),
                       "wasted_bytes_in_memory": None if held is None else held * v["bytes"], "head": p.head,
-                      "quantized": "head" if p.head_entry.get("quant") else "table", "bits": quant.bits,
+                      "quantized": "head" if p.head_entry.quant else "table", "bits": quant.bits,
                       "max_error_in_scales": p.max_error_in_scales})  # built once, read by name after
     return found
 
 
 def _prefill(info, file):
-    """The `all_positions_scored` entries (informational) of info["prefill"] (findings.prefill.all_positions): the
+    """The `all_positions_scored` entries (informational) of info.prefill (findings.prefill.all_positions): the
     logits rows a generating client does not read are the bytes it wastes in memory, at the stated prompt length;
     the fix, --retie OUT --logits-to-keep 1, where retie.keep can make one (else why not)."""
-    found = info.get("prefill", [])
-    fix, why = keep.fix(info["model"], info) if found else (None, None)
+    found = info.prefill
+    fix, why = keep.fix(info.model, info) if found else (None, None)
     return [{"kind": "all_positions_scored", "table": p["head"], "file": file, "copies_on_disk": None,
              "copies_in_memory": None, "wasted_bytes_on_disk": None,
              "wasted_bytes_in_memory": p["logits_bytes"] - p["row_bytes"], "fix": fix, "why_not": why,

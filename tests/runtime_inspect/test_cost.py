@@ -46,7 +46,7 @@ def test_layered_folder_reads_no_layer_weight(tmp_path, reads):
              for p in found["across"]["pairs"]]
     assert pairs == [("a.onnx", "embedding", "b.onnx", "embedding", "duplicate"),
                      ("a.onnx", "embedding", "b.onnx", "lm_head", "transposed_duplicate")]
-    assert [(p.table, p.head, p.relation) for it in found["items"] for p in it["info"]["pairs"]] \
+    assert [(p.table, p.head, p.relation) for it in found["items"] for p in it["info"].pairs] \
         == [("embedding", "lm_head", "transposed_duplicate")] * 2
     assert reads["embedding"] and reads["lm_head"]  # what can hold the table is read
     assert _layer_reads(reads) == {}
@@ -58,9 +58,9 @@ def test_layered_file_reads_no_layer_weight(tmp_path, reads):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     found = inspect_model(path, str(scratch))
-    assert [(p.table, p.head, p.relation) for p in found["pairs"]] \
+    assert [(p.table, p.head, p.relation) for p in found.pairs] \
         == [("embedding", "lm_head", "transposed_duplicate")]
-    assert len([c for c in found["runtime_copies"] if c["shape"] == [16, 16]]) == LAYERS  # the folded copies
+    assert len([c for c in found.runtime_copies if c["shape"] == [16, 16]]) == LAYERS  # the folded copies
     assert _layer_reads(reads) == {}
 
 
@@ -80,7 +80,7 @@ def test_tied_default_run_measures_the_defaults_only(tmp_path, children):
     path = tied(str(tmp_path / "m.onnx"))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    entry = inspect_model(path, str(scratch))["vocabulary"][0]["in_memory"]
+    entry = inspect_model(path, str(scratch)).vocabulary[0]["in_memory"]
     assert (False not in [prepacking for _, prepacking in children]), children  # no child with prepacking off
     assert entry["defaults"]["resident_bytes"] is not None
     off = entry["no_prepacking"]  # the key kept: its copies counted from the optimized model, nothing measured
@@ -92,7 +92,7 @@ def test_tied_verbose_run_measures_prepacking_off_too(tmp_path, children):
     path = tied(str(tmp_path / "m.onnx"))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    entry = inspect_model(path, str(scratch), measure=measured_settings(verbose=True))["vocabulary"][0]["in_memory"]
+    entry = inspect_model(path, str(scratch), measure=measured_settings(verbose=True)).vocabulary[0]["in_memory"]
     assert ("measure", False) in children
     assert entry["no_prepacking"]["copies"] == 1 and entry["no_prepacking"]["resident_bytes"] is not None
 
@@ -119,7 +119,7 @@ def _walks(tmp_path, count, monkeypatch):
                                                        for p, g, *rest in scopes(graph)])
     tables, heads = walk.find_tables_and_heads(read_model.load(path))
     assert (len(tables), len(heads)) == (count, count)
-    assert all(h["scores"] == f"l{h['initializer'][1:]}" for h in heads)  # each head's product: its own output
+    assert all(h.scores == f"l{h.initializer[1:]}" for h in heads)  # each head's product: its own output
     return len(passes)
 
 
@@ -136,7 +136,7 @@ def test_many_tables_verdict_looks_at_each_pair_once(tmp_path, monkeypatch):
     monkeypatch.setattr(verdict, "stored_copies", lambda pairs, table: looked.append(len(pairs)) or
                         stored_copies(pairs, table))
     assert verdict.file_verdict(info) == []  # 30 x 30 distinct pairs: nothing held twice
-    assert len(info["pairs"]) == 30 * 30 and sum(looked) == len(info["pairs"])  # not 30 times each
+    assert len(info.pairs) == 30 * 30 and sum(looked) == len(info.pairs)  # not 30 times each
 
 
 def test_a_float16_model_is_measured_and_its_widened_copy_compared_in_one_child(tmp_path, children):
@@ -152,9 +152,9 @@ def test_a_float16_model_is_measured_and_its_widened_copy_compared_in_one_child(
     scratch.mkdir()
     found = inspect_model(path, str(scratch))
     assert children == [("measure", True)]
-    (entry,) = found["vocabulary"]
+    (entry,) = found.vocabulary
     assert entry["in_memory"]["defaults"]["resident_bytes"] is not None
-    assert [(c["view"], c["bytes"]) for c in found["runtime_copies"] if c.get("copy_of") == entry["table"]] \
+    assert [(c["view"], c["bytes"]) for c in found.runtime_copies if c.get("copy_of") == entry["table"]] \
         == [("widened", vocab * width * 4)]
 
 
@@ -168,7 +168,7 @@ def test_layered_folder_measured_reads_no_layer_weight_for_its_runtime_copies(tm
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     found = inspect_folder(str(folder), str(scratch), isolated.Limits())
-    folded = [c for it in found["items"] for c in it["info"]["runtime_copies"] if c["shape"] == [16, 16]]
+    folded = [c for it in found["items"] for c in it["info"].runtime_copies if c["shape"] == [16, 16]]
     assert len(folded) == 2 * LAYERS and not any(c.get("copy_of") for c in folded)
     assert _layer_reads(reads) == {}
 

@@ -436,11 +436,11 @@ def test_weights_read_in_only_one_graph_are_left_as_they_are():
         onnx.save(plain_decoder(), os.path.join(where, "plain.onnx"))
         onnx.save(shared_weight_decoder(), os.path.join(where, "shared.onnx"))
         plain, shared = load(os.path.join(where, "plain.onnx")), load(os.path.join(where, "shared.onnx"))
-    assert branches.shared_weights(plain) == {} and branches.why_not(plain, {}) == "no MatMul weight is read in two graphs"
-    assert branches.shared_weights(shared) == {name: ["main/optimum::if.else_branch", "main/optimum::if.then_branch"]
-                                               for name in ("w_in", "w_out")}
-    assert branches.why_not(shared, {"prepacked": [{"kernel": "MatMul"}]}) is None
-    assert branches.why_not(shared, {"prepacked": [{"kernel": "Conv"}]}) == "its Conv kernels prepack too"
+    none, both = branches.shared_weights(plain), branches.shared_weights(shared)
+    assert none == {} and branches.why_not(plain, [], none) == "no MatMul weight is read in two graphs"
+    assert both == {name: ["main/optimum::if.else_branch", "main/optimum::if.then_branch"] for name in ("w_in", "w_out")}
+    assert branches.why_not(shared, [{"kernel": "MatMul"}], both) is None
+    assert branches.why_not(shared, [{"kernel": "Conv"}], both) == "its Conv kernels prepack too"
 
 
 # --- retying a folder ---------------------------------------------------------------------------------------------------
@@ -613,7 +613,7 @@ def test_the_proof_feeds_a_decoder_what_its_encoder_makes(tmp_path):
     assert (fed["input"], fed["output"]) == ("encoder_hidden_states", "last_hidden_state")
     assert upstream(result["items"])["encoder_model.onnx"] == []
     decoder = result["items"][1]
-    feeds = shaped_feeds(decoder["model"].proto, decoder["info"]["rows"], decoder["info"]["shape"], 3)
+    feeds = shaped_feeds(decoder["model"].proto, decoder["info"].rows, decoder["info"].shape, 3)
     kept = {}
     made = _fed_from(feeds, fed, kept)
     length = feeds["encoder_hidden_states"].shape[1]
@@ -621,7 +621,7 @@ def test_the_proof_feeds_a_decoder_what_its_encoder_makes(tmp_path):
     # what the encoder gives, run here on the encoder's own proof feeds of that length
     encoder = result["items"][0]
     rerun = ort.InferenceSession(os.path.join(source, "encoder_model.onnx")).run(
-        ["last_hidden_state"], shaped_feeds(encoder["model"].proto, encoder["info"]["rows"], encoder["info"]["shape"],
+        ["last_hidden_state"], shaped_feeds(encoder["model"].proto, encoder["info"].rows, encoder["info"].shape,
                                             length))[0]
     assert np.array_equal(made["encoder_hidden_states"].view(np.uint32), rerun.view(np.uint32))
     # the other branch's feeds take the same value from the same session: the encoder runs once a length

@@ -52,10 +52,10 @@ def test_inspect_tells_the_copy_by_its_node_and_writes_no_data_file(tmp_path):
     found = inspect_model(GENAI, str(scratch))
     written = sorted(n for n in os.listdir(scratch) if n.startswith("optimized"))  # beside the job's own files
     assert written == ["optimized.onnx"]  # the layout alone: no data, no copy made again
-    (copy,) = [c for c in found["runtime_copies"] if c.get("copy_of") == "lm_head.MatMul.weight" and
+    (copy,) = [c for c in found.runtime_copies if c.get("copy_of") == "lm_head.MatMul.weight" and
                c["view"] != "prepacked"]
     assert copy["view"] == "transposed"
-    assert copy["shape"] == found["model"].tensors["lm_head.MatMul.weight"].dims[::-1]
+    assert copy["shape"] == found.model.tensors["lm_head.MatMul.weight"].dims[::-1]
 
 
 def test_a_claim_the_dims_do_not_bear_out_names_no_copy(tmp_path):
@@ -135,8 +135,8 @@ def test_inspect_of_a_float16_model_writes_no_data_file(tmp_path):
     found = inspect_model(path, str(scratch))
     written = sorted(n for n in os.listdir(scratch) if n.startswith("optimized"))
     assert written == ["optimized.onnx"]
-    (copy,) = [c for c in found["runtime_copies"] if str(c.get("view", "")).startswith("widened")]
-    assert copy["copy_of"] == found["vocabulary"][0]["table"]  # told by the name the CPU provider gives it
+    (copy,) = [c for c in found.runtime_copies if str(c.get("view", "")).startswith("widened")]
+    assert copy["copy_of"] == found.vocabulary[0]["table"]  # told by the name the CPU provider gives it
 
 
 def _external(name, dims, **entries):
@@ -187,4 +187,4 @@ def test_a_folded_tensor_the_model_names_as_a_widening_is_compared_by_its_values
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     found = inspect_model(path, str(scratch))
-    assert not [c for c in found["runtime_copies"] if c.get("copy_of")]
+    assert not [c for c in found.runtime_copies if c.get("copy_of")]

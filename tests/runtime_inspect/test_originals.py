@@ -56,17 +56,17 @@ def _inspected(path, where, proving):
 
 
 def _ahead(tmp_path, external=False):
-    """(the model's path, inspect_model's dict with a retie to come, the proof's feed sets, the values it shows)."""
+    """(the model's path, inspect_model's Findings with a retie to come, the proof's feed sets, the values it shows)."""
     path = _model(tmp_path, external=external)
     info = _inspected(path, tmp_path / "scratch", True)
-    return path, info, proof.proof_feeds({"rows": info["rows"], "shape": info["shape"]}, info["model"].proto), \
+    return path, info, proof.proof_feeds({"rows": info.rows, "shape": info.shape}, info.model.proto), \
         ["hidden"]
 
 
 @pytest.mark.parametrize("external", [False, True])  # the layout written apart, or by the session measured
 def test_the_outputs_given_ahead_are_the_proofs_own_run_of_the_original_bit_for_bit(tmp_path, external):
     path, info, feed_sets, watched = _ahead(tmp_path, external)
-    olds = originals.given(info["originals"], feed_sets, watched)
+    olds = originals.given(info.originals, feed_sets, watched)
     assert olds is not None and len(olds) == len(feed_sets) >= 2  # every step of the proof, the hidden vector shown
     session, shown = proof._original(load(path).proto, str(tmp_path), watched, True)  # as the proof opens it
     for old, run in zip(olds, proof.run_each(session, shown, [f for _, f in feed_sets])):
@@ -81,25 +81,25 @@ def test_outputs_run_on_other_feeds_or_showing_other_values_are_not_taken(tmp_pa
     _, info, feed_sets, watched = _ahead(tmp_path)
     said, feeds = feed_sets[0]
     other = dict(feeds, ids=feeds["ids"] ^ 1)  # one bit of one feed
-    assert originals.given(info["originals"], [(said, other)] + feed_sets[1:], watched) is None
-    assert originals.given(info["originals"], feed_sets[1:], watched) is None  # not the same steps
-    assert originals.given(info["originals"], feed_sets, watched + ["embeddings"]) is None  # not what it showed
-    assert originals.given(info["originals"], feed_sets, watched) is not None
+    assert originals.given(info.originals, [(said, other)] + feed_sets[1:], watched) is None
+    assert originals.given(info.originals, feed_sets[1:], watched) is None  # not the same steps
+    assert originals.given(info.originals, feed_sets, watched + ["embeddings"]) is None  # not what it showed
+    assert originals.given(info.originals, feed_sets, watched) is not None
 
 
 def test_an_unreadable_file_of_outputs_is_not_taken(tmp_path):
     _, info, feed_sets, watched = _ahead(tmp_path)
-    saved = info["originals"]["path"]
+    saved = info.originals["path"]
     with open(saved, "r+b") as f:
         f.truncate(os.path.getsize(saved) // 2)
-    assert originals.given(info["originals"], feed_sets, watched) is None
+    assert originals.given(info.originals, feed_sets, watched) is None
     os.remove(saved)
-    assert originals.given(info["originals"], feed_sets, watched) is None
+    assert originals.given(info.originals, feed_sets, watched) is None
 
 
 def _seen(info):
     """What the report says onnxruntime holds: the copies it made and the ones its kernels prepacked."""
-    return info["runtime_copies"], info["prepacked"]
+    return info.runtime_copies, info.prepacked
 
 
 @pytest.mark.parametrize("before, after, scale, external", [("Tanh", False, None, False), ("Mul", False, 2.0, False),
@@ -110,26 +110,26 @@ def test_the_report_is_the_same_with_a_retie_to_come(tmp_path, before, after, sc
     # and copies the report says, would be another model's; so nothing is shown there
     path = _model(tmp_path, before, after, scale, external=external)
     found = {proving: _inspected(path, tmp_path / str(proving), proving) for proving in (True, False)}
-    assert _seen(found[True]) == _seen(found[False]) and found[False]["originals"] is None
-    assert (found[True]["originals"] is None) == (before == "Mul" or after)
-    assert any(c.get("copy_of") == "embedding" for c in found[True]["runtime_copies"]) != external  # the folded
+    assert _seen(found[True]) == _seen(found[False]) and found[False].originals is None
+    assert (found[True].originals is None) == (before == "Mul" or after)
+    assert any(c.get("copy_of") == "embedding" for c in found[True].runtime_copies) != external  # the folded
     # Transpose; the stored copy's session measured shows the hidden vector (a few KiB more): its layout the same
 
 
 def test_nothing_is_run_ahead_without_a_retie_to_come(tmp_path):
     info = _inspected(_model(tmp_path), tmp_path / "scratch", False)
-    assert info["originals"] is None and "originals.npz" not in os.listdir(tmp_path / "scratch")
+    assert info.originals is None and "originals.npz" not in os.listdir(tmp_path / "scratch")
 
 
 @pytest.mark.parametrize("ahead", [True, False])
 def test_the_proof_opens_no_session_of_the_original_where_its_outputs_were_given_ahead(tmp_path, monkeypatch, ahead):
     path, info, _, _ = _ahead(tmp_path)
-    model = info["model"]
+    model = info.model
     rewritten, sources, _ = planned(model, info, lambda line: None)
     staged = stage(model.proto, tmp_path / "out.onnx", sources=sources)
     job = json.loads(json.dumps(jobs.prove(jobs.Proof(  # as the child gets it
-        path, model.checked, staged.path, rewritten, info["rows"], info["shape"],
-        originals=info["originals"] if ahead else None), str(tmp_path))))
+        path, model.checked, staged.path, rewritten, info.rows, info.shape,
+        originals=info.originals if ahead else None), str(tmp_path))))
     opened = []
 
     class Counted(proof.Runner):
@@ -173,7 +173,7 @@ def test_an_original_onnxruntime_refuses_on_the_proofs_feeds_stops_the_retie_bef
                          [numpy_helper.from_array(values, "embedding"),
                           numpy_helper.from_array(np.array([3, width], np.int64), "three")]), path)
     info = _inspected(path, tmp_path / "scratch", True)
-    refused = info["originals"]["refused"]
+    refused = info.originals["refused"]
     assert refused.startswith("onnxruntime cannot run the original model on the proof's feeds (") and \
         refused.endswith("(--proof-past N sets the past length)"), refused
     plan = Plan(load(path), info, [], {})
@@ -198,8 +198,8 @@ def test_a_folders_sessions_measured_give_the_originals_ahead_bit_for_bit(tmp_pa
     found = inspect_folder(str(folder), str(scratch), isolated.Limits(300, proving=True))
     (item,) = found["items"]
     info, watched = item["info"], ["hidden"]
-    feed_sets = proof.proof_feeds({"rows": info["rows"], "shape": info["shape"]}, info["model"].proto)
-    olds = originals.given(info["originals"], feed_sets, watched)
+    feed_sets = proof.proof_feeds({"rows": info.rows, "shape": info.shape}, info.model.proto)
+    olds = originals.given(info.originals, feed_sets, watched)
     assert olds is not None and len(olds) == len(feed_sets) >= 2
     session, shown = proof._original(load(path).proto, str(folder), watched, True)
     for old, run in zip(olds, proof.run_each(session, shown, [f for _, f in feed_sets])):

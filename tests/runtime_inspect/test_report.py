@@ -84,16 +84,16 @@ def unmeasured(vocabulary):
 def test_inspect_module_api_matches_cli(exported, tmp_path, name):
     """inspect_model in this process and the command in its own find the same tables, heads, pairs and copies."""
     info = inspect.inspect_model(str(exported / name), str(tmp_path))
-    assert [t["initializer"] for t in info["tables"]] == ["embedding"]
-    assert [h["initializer"] for h in info["heads"]] == {"tied_logits.onnx": ["embedding"],
+    assert [t.initializer for t in info.tables] == ["embedding"]
+    assert [h.initializer for h in info.heads] == {"tied_logits.onnx": ["embedding"],
                                                          "untied_logits.onnx": ["lm_head"]}.get(name, [])
     api = json.loads(json.dumps(as_json(info, verdict=False)))  # as --json writes it: tuples become lists
     cli = findings(exported / name)
     for key in ("onnxruntime", "file_bytes", "initializers", "pairs", "runtime_copies"):
         assert cli[key] == api[key], key
     assert unmeasured(cli["vocabulary"]) == unmeasured(api["vocabulary"])
-    assert [(p["table"], p["head"]) for p in cli["pairs"]] == [(t["initializer"], h["initializer"])
-                                                               for t in info["tables"] for h in info["heads"]]
+    assert [(p["table"], p["head"]) for p in cli["pairs"]] == [(t.initializer, h.initializer)
+                                                               for t in info.tables for h in info.heads]
 
 
 def test_the_default_report_says_each_pair_once():

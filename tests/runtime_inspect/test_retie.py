@@ -192,7 +192,7 @@ def test_every_tie_left_as_it_is_is_said_and_nothing_else_is_rewritten():
     float16 = [p for p in pairs if p.relation != "distinct"]  # a float16 head on its float16 table: the view
     assert float16 and all(rules.remedy(p) == ("view", None) for p in float16)  # (test_retie_half.py proves it)
     for pair in float16:  # the same head in float32: another format than the table's, left and said
-        pair = dataclasses.replace(pair, head_entry=dict(pair.head_entry, format="float32"))
+        pair = dataclasses.replace(pair, head_entry=dataclasses.replace(pair.head_entry, format="float32"))
         how, why = rules.remedy(pair)
         assert how is None and "with a head of the same format" in why
 
@@ -429,7 +429,7 @@ def test_retie_streams_tables_instead_of_loading_them(tmp_path):
     try:
         with tempfile.TemporaryDirectory() as folder:
             info = inspect_model(source, folder)
-            assert retie(info["model"], info, out, folder, isolated.Limits(), lambda line: None) == 0
+            assert retie(info.model, info, out, folder, isolated.Limits(), lambda line: None) == 0
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -126,11 +126,11 @@ def test_the_proof_opens_one_session_a_model_for_every_feed_set(tmp_path, monkey
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     found = inspect_model(path, str(scratch))
-    model = found["model"]
+    model = found.model
     rewritten, sources, _ = planned(model, found, lambda line: None)
     staged = stage(model.proto, tmp_path / "out.onnx", sources=sources)
     job = json.loads(json.dumps(jobs.prove(  # as the child gets it
-        jobs.Proof(path, model.checked, staged.path, rewritten, found["rows"], found["shape"]), str(scratch))))
+        jobs.Proof(path, model.checked, staged.path, rewritten, found.rows, found.shape), str(scratch))))
     opened = []
 
     class Counted(proof.Runner):
@@ -142,7 +142,7 @@ def test_the_proof_opens_one_session_a_model_for_every_feed_set(tmp_path, monkey
     proven = proof.prove(job)
     assert proven[:4] == ([], None, None, None)  # failures, figures, kept, drift
     assert proven.heads["formats"] == ["float32"]  # its logits judged within float32's bound
-    assert len(found["shape"]["lengths"]) >= 2  # several feed sets ...
+    assert len(found.shape["lengths"]) >= 2  # several feed sets ...
     assert len(opened) == 2  # ... and one session of each model
     # a single file's retie: the retied model's session is also measured, and writes its optimized model's layout
     job.update(measure=True, layout=str(scratch / "retied.layout.onnx"))
@@ -166,8 +166,8 @@ def test_a_model_too_large_to_run_here_is_reported_not_measured(tmp_path, monkey
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     found = inspect_model(path, str(scratch))
-    assert found["measure_error"].startswith("a session of this model needs about 0.5 GiB, 0.0 GiB is available")
-    entry = found["vocabulary"][0]["in_memory"]
+    assert found.measure_error.startswith("a session of this model needs about 0.5 GiB, 0.0 GiB is available")
+    entry = found.vocabulary[0]["in_memory"]
     assert entry["defaults"]["resident_bytes"] is None and entry["defaults"]["copies"] == 2  # counted, not measured
 
 

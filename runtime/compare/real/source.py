@@ -10,7 +10,6 @@ import numpy as np
 from onnx import TensorProto
 
 from runtime.model.findings.across import relate_files
-from runtime.model.findings.relations import stored_as_table
 from runtime.model.found import static_findings
 from runtime.model.graph import quantized
 from runtime.model.read import paths
@@ -75,8 +74,8 @@ def _onnx_table(path, name):
     for file in files:
         model = load(file, root=root)
         items.append({"file": os.path.relpath(file, folder), "model": model, "info": static_findings(model)})
-    found = [e for it in items for e in it["info"]["tables"] + it["info"]["heads"]]
-    scales = {e["quant"].scale for e in found if e.get("quant")} | {e.get("scales") for e in found}
+    found = [e for it in items for e in it["info"].tables + it["info"].heads]
+    scales = {e.quant.scale for e in found if e.quant} | {e.scales for e in found}
     groups = [g for g in relate_files(items)["vocabulary"] if g["kind"] == "token" and g["table"] not in scales]
     names = list(dict.fromkeys(g["table"] for g in groups))
     if not groups:
@@ -88,17 +87,17 @@ def _onnx_table(path, name):
     if group is None:
         raise InspectError(f"--table {name}: not a token table of {path} (its token tables: {', '.join(names)})")
     item, entry, _ = next(m for m in group["members"] if m.role == "lookup")
-    quant = entry.get("quant") or next((e["quant"] for _, e, _ in group["members"]  # a head decoding the same codes
-                                        if e["initializer"] == entry["initializer"] and e.get("quant")), None)
-    vocabulary = next(v for v in item["info"]["vocabulary"] if v["table"] == entry["initializer"])
-    heads = [e["initializer"] for _, e, role in group["members"] if role == "head"]
-    head = heads[0] if heads else (entry["initializer"] if group["tied"] else None)
-    scored = group["tied"] or any(h["vocab"] == entry["vocab"] for it in items for h in it["info"]["heads"])
+    quant = entry.quant or next((e.quant for _, e, _ in group["members"]  # a head decoding the same codes
+                                 if e.initializer == entry.initializer and e.quant), None)
+    vocabulary = next(v for v in item["info"].vocabulary if v["table"] == entry.initializer)
+    heads = [e.initializer for _, e, role in group["members"] if role == "head"]
+    head = heads[0] if heads else (entry.initializer if group["tied"] else None)
+    scored = group["tied"] or any(h.vocab == entry.vocab for it in items for h in it["info"].heads)
     model = item["model"]
-    return Table(model=model.path, name=entry["initializer"], shape=(entry["vocab"], entry["width"]),
-                 format=entry["format"], bytes=entry["bytes"], tied=group["tied"], head=head,
+    return Table(model=model.path, name=entry.initializer, shape=(entry.vocab, entry.width),
+                 format=entry.format, bytes=entry.bytes, tied=group["tied"], head=head,
                  row_scale=vocabulary["row_scale"], row_scale_is_sqrt_width=vocabulary["row_scale_is_sqrt_width"],
-                 folder=folder, scored=scored, others=[n for n in names if n != entry["initializer"]],
+                 folder=folder, scored=scored, others=[n for n in names if n != entry.initializer],
                  reader=lambda: decode(model, entry, quant))
 
 
@@ -120,14 +119,14 @@ def decode(model, entry, q=None):
     it is stored [vocab, width] (memory-mapped where external, never copied), else decoded a block of rows at a
     time; `q` how its codes decode (a graph.quantized.Quant: the entry's own, or the head's reading the same
     codes)."""
-    tensor = model.tensors[entry["initializer"]]
-    q = q or entry.get("quant")
+    tensor = model.tensors[entry.initializer]
+    q = q or entry.quant
     if q is None and tensor.data_type not in FLOATS:
-        raise InspectError(f"{entry['initializer']}: a {tensor.type_name} table that nothing decodes "
+        raise InspectError(f"{entry.initializer}: a {tensor.type_name} table that nothing decodes "
                            "(compare --model reads float tables and int8 / int4 codes with their scales)")
-    vocab, width = entry["vocab"], entry["width"]
+    vocab, width = entry.vocab, entry.width
     if q is None:
-        values = tensor.values() if stored_as_table(entry) else tensor.values().T
+        values = tensor.values() if entry.rows_are_tokens else tensor.values().T
         if values.dtype == np.float32 and values.flags.c_contiguous:
             return values
     out = np.empty((vocab, width), np.float32)

@@ -16,16 +16,16 @@ def report(info, path, out, verbose=False, in_folder=False):
     sessions hold is measured together)."""
     w = lambda text: out.write(answer.line(text) + "\n")
     if not in_folder:
-        for line in answer.lines(info["verdict"], {v["table"]: v for v in info["vocabulary"]}, {}, "a session",
-                                 info["onnxruntime"] is None):
+        for line in answer.lines(info.verdict, {v["table"]: v for v in info.vocabulary}, {}, "a session",
+                                 info.onnxruntime is None):
             w(line)
         w("")
-    how = f"onnxruntime {info['onnxruntime']}" if info["onnxruntime"] else "--static: onnxruntime not run"
-    w(f"{path}: {len(info['initializers'])} initializers, {human(info['file_bytes'])} on disk ({how})")
-    if info["vocabulary"] and verbose:
-        v = info["vocabulary"][0]
+    how = f"onnxruntime {info.onnxruntime}" if info.onnxruntime else "--static: onnxruntime not run"
+    w(f"{path}: {len(info.initializers)} initializers, {human(info.file_bytes)} on disk ({how})")
+    if info.vocabulary and verbose:
+        v = info.vocabulary[0]
         w(f"parameters: {v['parameters_counted']}, as Hugging Face counts them: {v['parameters_what']}")
-    for v in info["vocabulary"]:
+    for v in info.vocabulary:
         tie = _tie(v)
         w(f"vocabulary: {'position table' if v['kind'] == 'position' else 'table'} {v['table']} {v['vocab_size']} x "
           f"{v['width']} {v['format']}, {human(v['bytes'])}, {tie}; {v['parameter_share']:.1%} of the parameters, "
@@ -36,15 +36,15 @@ def report(info, path, out, verbose=False, in_folder=False):
             w(f"  in memory: {counting.copies(v['in_memory']['defaults']['copies'])} under onnxruntime's defaults "
               "(resident bytes measured for the folder's files together, below)")
         else:
-            w(f"  in memory: {held_line(v['in_memory'], info.get('measure_error'), verbose)}")
-    if not info["vocabulary"]:
+            w(f"  in memory: {held_line(v['in_memory'], info.measure_error, verbose)}")
+    if not info.vocabulary:
         w("vocabulary: no table (no Gather, GatherBlockQuantized or OneHot + MatMul reads rows from an initializer)")
     if verbose:
         _initializers(info, w)
     _readers(info, w, verbose)
     _pairs(info, w, verbose)
     _runtime_copies(info, w, verbose)
-    shared = info["branch_weights"]
+    shared = info.branch_weights
     if shared:
         graphs = sorted({g for b in shared for g in b["graphs"]})
         w(f"weights {len(graphs)} graphs share: {len(shared)} matmul weights, {human(sum(b['bytes'] for b in shared))}, "
@@ -56,39 +56,39 @@ def report(info, path, out, verbose=False, in_folder=False):
 
 def _initializers(info, w):
     """The initializer table (--verbose): name, type, shape, elements and exact bytes of each."""
-    names = max([32] + [len(i["name"]) for i in info["initializers"]])
-    shapes = max([16] + [len(str(i["shape"])) for i in info["initializers"]])
+    names = max([32] + [len(i["name"]) for i in info.initializers])
+    shapes = max([16] + [len(str(i["shape"])) for i in info.initializers])
     w(f"  {'name':<{names}} {'dtype':<8} {'shape':<{shapes}} {'elements':>12} {'bytes':>12}")
-    for i in info["initializers"]:
+    for i in info.initializers:
         w(f"  {i['name']:<{names}} {i['dtype']:<8} {str(i['shape']):<{shapes}} {i['elements']:>12} {i['bytes']:>12}")
 
 
 def _readers(info, w, verbose):
     """What reads each table and each logits head, and how many other matmul weights there are: under --verbose,
     or where a logits head is not the head a vocabulary line names (by default each is said once, there)."""
-    logits = [h for h in info["heads"] if h.get("scores")]
-    named = {v["head"] for v in info["vocabulary"]}
-    if not verbose and all(h["initializer"] in named for h in logits):
+    logits = [h for h in info.heads if h.scores]
+    named = {v["head"] for v in info.vocabulary}
+    if not verbose and all(h.initializer in named for h in logits):
         return
-    tables = [f"{t['initializer']} ({t['node'].op_type}{_views(t)})" for t in info["tables"]]
+    tables = [f"{t.initializer} ({t.node.op_type}{_views(t)})" for t in info.tables]
     w("tables (read by Gather/GatherBlockQuantized/OneHot+MatMul): " + (", ".join(tables) or "none"))
-    others = [h for h in info["heads"] if not h.get("scores")]
-    ops = sorted({h["node"].op_type for h in others})
+    others = [h for h in info.heads if not h.scores]
+    ops = sorted({h.node.op_type for h in others})
     w("logits heads (matmul weights whose products are graph outputs): "
-      + (", ".join(f"{h['initializer']} ({h['node'].op_type}{_views(h)})" for h in logits) or "none")
+      + (", ".join(f"{h.initializer} ({h.node.op_type}{_views(h)})" for h in logits) or "none")
       + (f"; {len(others)} other matmul weight{'s' if len(others) != 1 else ''} ({', '.join(ops)})" if others else ""))
 
 
 def _said(info):
     """The (table, head, relation) a vocabulary line already says: its table and the head that holds its values."""
-    return {(v["table"], v["head"], v["tie_relation"]) for v in info["vocabulary"] if v["tied"]}
+    return {(v["table"], v["head"], v["tie_relation"]) for v in info.vocabulary if v["tied"]}
 
 
 def _pairs(info, w, verbose):
     """One line per table/head pair that holds one table's values twice and that no vocabulary line has said, a
     stored head read by several branches once; the distinct pairs counted (listed under --verbose)."""
-    distinct = [p for p in info["pairs"] if p.relation == "distinct"]
-    related = [p for p in info["pairs"] if p.relation != "distinct"]
+    distinct = [p for p in info.pairs if p.relation == "distinct"]
+    related = [p for p in info.pairs if p.relation != "distinct"]
     said = set() if verbose else _said(info)
     listed = [p for p in related if verbose or (p.table != p.head  # one tensor: the vocabulary line says so
                                                  and (p.table, p.head, p.relation) not in said)]
@@ -113,7 +113,7 @@ def _pairs(info, w, verbose):
     if distinct and not (verbose and len(distinct) <= _DISTINCT_LISTED):
         w(f"{len(distinct)} table/head pair{'s' if len(distinct) != 1 else ''} of matching shape distinct "
           f"({'each listed under --json' if verbose else 'listed under --verbose'})")
-    if not info["pairs"]:
+    if not info.pairs:
         w("no table/head pair of matching shape")
 
 
@@ -140,12 +140,12 @@ def _many_related(related):
 def _runtime_copies(info, w, verbose):
     """The lines on what onnxruntime adds: each runtime copy of a table (folded or prepacked); the small ones
     counted under --verbose."""
-    if info["runtime_copies"] is None:
+    if info.runtime_copies is None:
         w("runtime copies: not looked for (--static)")
         return
-    small = [c for c in info["runtime_copies"] if c["bytes"] < SMALL_COPY and "copy_of" not in c]
-    others = [c for c in info["runtime_copies"] if c not in small and "copy_of" not in c]  # no table's values
-    for line in _table_copies([c for c in info["runtime_copies"] if "copy_of" in c]):
+    small = [c for c in info.runtime_copies if c["bytes"] < SMALL_COPY and "copy_of" not in c]
+    others = [c for c in info.runtime_copies if c not in small and "copy_of" not in c]  # no table's values
+    for line in _table_copies([c for c in info.runtime_copies if "copy_of" in c]):
         w(line)
     for c in others if verbose else []:
         where = f" in {c['graph']}" if "graph" in c else ""
@@ -157,7 +157,7 @@ def _runtime_copies(info, w, verbose):
     if small and verbose:
         w(f"runtime copies under {SMALL_COPY} bytes: {len(small)} (folded constants), "
           f"{sum(c['bytes'] for c in small)} bytes in all")
-    if not info["runtime_copies"]:
+    if not info.runtime_copies:
         w("runtime copies: none (onnxruntime's optimized model adds no initializer)")
 
 
@@ -240,16 +240,16 @@ def held_line(entry, error, verbose, measured="resident after a run:"):
 
 
 def _views(entry):
-    where = f", in {entry['graph']}" if entry.get("graph", "main") != "main" else ""
-    return (f", through {', '.join(entry['views'])}" if entry["views"] else "") + where
+    where = f", in {entry.graph}" if entry.graph != "main" else ""
+    return (f", through {', '.join(entry.views)}" if entry.views else "") + where
 
 
 def as_json(info, path=None, verdict=True):
     """What --json prints of `info` (for the model at `path`: its `model` key); `verdict` False for a folder's file
     (the folder's verdict is its own)."""
     return {**({"model": path} if path is not None else {}),
-            **({"verdict": info["verdict"]} if verdict else {}), "onnxruntime": info["onnxruntime"],
-            "file_bytes": info["file_bytes"], "initializers": info["initializers"], "vocabulary": info["vocabulary"],
-            "pairs": [p.as_json() for p in info["pairs"]],
-            "runtime_copies": info["runtime_copies"], "branch_weights": info["branch_weights"],
-            "prefill": info.get("prefill", []), "prepacked_unrecorded": info.get("unrecorded")}
+            **({"verdict": info.verdict} if verdict else {}), "onnxruntime": info.onnxruntime,
+            "file_bytes": info.file_bytes, "initializers": info.initializers, "vocabulary": info.vocabulary,
+            "pairs": [p.as_json() for p in info.pairs],
+            "runtime_copies": info.runtime_copies, "branch_weights": info.branch_weights,
+            "prefill": info.prefill, "prepacked_unrecorded": info.unrecorded}

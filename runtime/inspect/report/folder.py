@@ -44,9 +44,9 @@ def folder_body(result, out, verbose=False):
             w(f"== {it['file']}")
             report(info, os.path.join(result["folder"], it["file"]), out, verbose=True, in_folder=True)
             continue
-        tables = ", ".join(t["initializer"] for t in info["tables"]) or "none"
-        heads = ", ".join(dict.fromkeys(h["initializer"] for h in info["heads"] if h.get("scores"))) or "none"
-        w(f"  {it['file']}: {human(info['file_bytes'])}; tables {tables}; heads {heads}")
+        tables = ", ".join(t.initializer for t in info.tables) or "none"
+        heads = ", ".join(dict.fromkeys(h.initializer for h in info.heads if h.scores)) or "none"
+        w(f"  {it['file']}: {human(info.file_bytes)}; tables {tables}; heads {heads}")
     w("")
     w("across the files:")
     for v in across["vocabulary"]:

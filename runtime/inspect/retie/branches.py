@@ -16,32 +16,34 @@ from runtime.inspect.retie.edits import const, unique_name
 _READ_IN_PLACE = PLAIN_MATMULS + ("FusedMatMul",)  # and onnxruntime's fusion of them; another packing kernel vetoes
 
 
-def why_not(model, found):
+def why_not(model, prepacked, shared):
     """Why a file's weights are not read in place (None: they are, and read_in_place may run): no weight shared by
-    two graphs, or a kernel other than MatMul's prepacks in it (the proof's reference, the export with prepacking
-    off, would then differ from the retied file in more than the weights)."""
-    if not shared_weights(model):
+    two graphs (`shared`: shared_weights'), or a kernel other than MatMul's prepacks in it (`prepacked`: what
+    inspect found its kernels prepack; the proof's reference, the export with prepacking off, would then differ
+    from the retied file in more than the weights)."""
+    if not shared:
         return "no MatMul weight is read in two graphs"
     own = sorted({node.input[1] for _, _, graph in graph_paths(model.proto.graph)[1:]
                   for names in [{t.name for t in graph.initializer}] for node in graph.node
                   if node.op_type in PLAIN_MATMULS and len(node.input) > 1 and node.input[1] in names})
     if own:
         return f"a branch holds MatMul weights of its own ({own[0]})"
-    others = sorted({p["kernel"] for p in found.get("prepacked", []) if p["kernel"] not in _READ_IN_PLACE})
+    others = sorted({p["kernel"] for p in prepacked if p["kernel"] not in _READ_IN_PLACE})
     if others:
         return f"its {', '.join(others)} kernels prepack too"
     return None
 
 
-def read_in_place(model):
+def read_in_place(model, shared=None):
     """Make every MatMul and Gemm of `model` (every graph) that reads a float32 initializer as its weight read it
     through a run-time view: one graphs.tie chain per graph, its run-time zero added to each shape's dims, and a
     Reshape (an alias, no copy) before each node. The chain is anchored on the model's first input (computed at
     run time whatever the graph holds, so nothing folds it) and placed first in each graph, before every reader in
     whatever order the graph lists them; a model without inputs anchors it on the first reader's other input.
     Returns ({initializer: bytes} of those the graphs shared (shared_weights), the copies the defaults no longer
-    make; undo(), which puts the model back as it was)."""
-    shared, base, number = shared_weights(model), unique_name(model, "retie_weight"), 0
+    make; undo(), which puts the model back as it was). `shared`: shared_weights(model), where already found."""
+    shared = shared_weights(model) if shared is None else shared
+    base, number = unique_name(model, "retie_weight"), 0
     inserted, repointed, constants_before = [], [], len(model.proto.graph.initializer)
     anchor = next((i.name for i in model.proto.graph.input if i.name not in model.tensors), None)
     for _, _, graph in graph_paths(model.proto.graph):
@@ -99,10 +101,11 @@ class Shared:
 def in_place(model, found, say):
     """read_in_place(model) where why_not finds no reason against it (the reason said, where weights are shared):
     (Shared of the weights now read in place, or of none; undo())."""
-    why = why_not(model, found)
+    shared = shared_weights(model)  # the model as it is now: retied
+    why = why_not(model, found.prepacked, shared)
     if why is None:
-        sizes, undo = read_in_place(model)
+        sizes, undo = read_in_place(model, shared)
         return Shared(sizes), undo
-    if shared_weights(model):
+    if shared:
         say(f"retie: the weights its branches share are left as they are ({why})\n")
     return Shared({}), lambda: None

@@ -10,7 +10,6 @@ from typing import NamedTuple
 
 from graphs.together import stage_together
 from runtime.model.findings.across import disk_bytes
-from runtime.model.findings.relations import stored_as_table
 from runtime.model.read import sidecars
 from runtime.model.read.layout import transformersjs_root
 from runtime.model.read.text import InspectError
@@ -158,7 +157,7 @@ def proven_files(files, staged, scratch, limits, say, asked=Asked()):
     its proof. `asked`: write.Asked's (its --logits-to-keep said of each file; its records kept)."""
     logits_to_keep = asked.logits_to_keep
     held, figures = {}, None
-    tabled = [f for f in files if f.item["info"]["rows"]]  # the files measured again
+    tabled = [f for f in files if f.item["info"].rows]  # the files measured again
     limits.progress(f"writing {staged.out} beside it, to prove its files there")
     for i, f in enumerate(files):
         if f.plan is None:
@@ -181,14 +180,14 @@ def proven_files(files, staged, scratch, limits, say, asked=Asked()):
             say(lines.failure_line(failures[0], f"{name}: "))
             return None
         if rewritten:
-            say(lines.rewritten_line(rewritten, model, info["shape"], f"{name}: ", f.fed, weights, bool(looked_up)))
+            say(lines.rewritten_line(rewritten, model, info.shape, f"{name}: ", f.fed, weights, bool(looked_up)))
         if looked_up:
             for line in lines.lookup_lines(looked_up, info, where=f"{name}: "):
                 say(line)
             if asked.records is not None:
                 asked.records.extend(write.lookup_records(looked_up, name))
         if keep:
-            say(lines.kept_line(keep, logits_to_keep, info["shape"], f"{name}: ", any(r.hidden for r in rewritten)))
+            say(lines.kept_line(keep, logits_to_keep, info.shape, f"{name}: ", any(r.hidden for r in rewritten)))
     return Proven(held, figures)
 
 
@@ -231,7 +230,7 @@ def upstream(items):
             maker = outputs.get(made)
             if maker is not None and maker is not it:
                 fed[it["file"]].append({"input": value.name, "output": made, "checked": maker["model"].checked,
-                                        "rows": maker["info"]["rows"], "shape": maker["info"]["shape"]})
+                                        "rows": maker["info"].rows, "shape": maker["info"].shape})
     return fed
 
 
@@ -247,12 +246,12 @@ def _borrowed_tables(result, say):
         owner, table, _ = next(m for m in group["members"] if m.role == "lookup")
         looked_up = {it["file"] for it, _, role in group["members"] if role == "lookup"}
         for item, head, role in group["members"]:
-            if role != "head" or item["file"] in looked_up or head["initializer"] == table["initializer"] and \
+            if role != "head" or item["file"] in looked_up or head.initializer == table.initializer and \
                     item is owner:
                 continue
             why = _why_not_borrowed(table, head)
             if why:
-                say(f"retie: {owner['file']} {table['initializer']} / {item['file']} {head['initializer']} (a copy "
+                say(f"retie: {owner['file']} {table.initializer} / {item['file']} {head.initializer} (a copy "
                     f"across files): left as it is ({why})\n")
             else:
                 borrowed.setdefault(item["file"], []).append((head, owner, table))
@@ -260,15 +259,15 @@ def _borrowed_tables(result, say):
 
 
 def _why_not_borrowed(table, head):
-    if table["format"] != "float32" or head["format"] != "float32":
-        fmt = head["format"] if head["format"] != "float32" else table["format"]
+    if table.format != "float32" or head.format != "float32":
+        fmt = head.format if head.format != "float32" else table.format
         return f"{'an' if fmt[0] in 'aeiu' else 'a'} {fmt} copy: --retie points float32 heads at another file's table"
-    if not stored_as_table(table):
+    if not table.rows_are_tokens:
         return "the table is stored [width, vocab]"
-    if head.get("graph", "main") != "main" and not all(
-            step.endswith((".then_branch", ".else_branch")) for step in head["graph"].split("/")[1:]):
-        return f"read inside a Loop or Scan body ({head['graph']})"
-    if "Reshape" in head["views"]:
+    if head.graph != "main" and not all(
+            step.endswith((".then_branch", ".else_branch")) for step in head.graph.split("/")[1:]):
+        return f"read inside a Loop or Scan body ({head.graph})"
+    if "Reshape" in head.views:
         return "read through a Reshape that is not the table's own shape"
     return None
 

@@ -2,6 +2,7 @@
 codes is looked up from those codes instead (GatherBlockQuantized, com.microsoft: onnxruntime-genai's shared form).
 The float table goes, the head is untouched, and each looked-up row becomes the head's own dequantization of its
 token: (code - zero point) x scale, rounded once to the scale's type."""
+import dataclasses
 import os
 from typing import NamedTuple
 
@@ -11,7 +12,6 @@ from onnx import TensorProto, helper, numpy_helper
 from runtime.model.graph import quantized
 from runtime.model.graph.quantized import attribute
 from runtime.model.findings.headcodes import FLAG
-from runtime.model.findings.relations import stored_as_table
 from runtime.model.read import sidecars
 from runtime.inspect.retie.edits import const, shell, unique_name, view_of
 from runtime.inspect.retie.packed import gather_packed_in_place
@@ -36,23 +36,23 @@ def lookup_from_head(graph, model, table, head, sources):
     view of the scales, one Reshape of the rows). MatMulNBits packs 4-bit zero points two a byte; the op reads
     one a byte: those are stored anew in `sources` (vocab x blocks bytes, a quarter of float32 scales). The Lookup,
     or None."""
-    node, q = table["node"], head["quant"]
-    found = Lookup(node.output[0], node.input[1], table["initializer"], not stored_as_table(table),
-                   head["initializer"])
-    inputs = [head["initializer"], node.input[1], q.scale]
+    node, q = table.node, head.quant
+    found = Lookup(node.output[0], node.input[1], table.initializer, not table.rows_are_tokens,
+                   head.initializer)
+    inputs = [head.initializer, node.input[1], q.scale]
     if q.zero_point:
         name = unique_name(model, q.zero_point + "_per_block")
-        sources[name] = shell(graph, name, unpacked_zero_points(model, q, table["vocab"], head["stored_dims"][1]))
+        sources[name] = shell(graph, name, unpacked_zero_points(model, q, table.vocab, head.stored_dims[1]))
         inputs.append(name)
     node.op_type, node.domain = "GatherBlockQuantized", "com.microsoft"
-    node.doc_string = f"rows looked up from the head's codes {head['initializer']} (retied by runtime.inspect {FLAG})"
+    node.doc_string = f"rows looked up from the head's codes {head.initializer} (retied by runtime.inspect {FLAG})"
     del node.input[:]
     node.input.extend(inputs)
     del node.attribute[:]
     node.attribute.extend([helper.make_attribute("gather_axis", 0), helper.make_attribute("bits", q.bits),
-                           helper.make_attribute("block_size", attribute(head["node"], "block_size"))])
-    twin = dict(table, initializer=head["initializer"], scales=q.scale, stored_dims=head["stored_dims"])
-    twin.pop("padded_width", None)
+                           helper.make_attribute("block_size", attribute(head.node, "block_size"))])
+    twin = dataclasses.replace(table, initializer=head.initializer, scales=q.scale, stored_dims=head.stored_dims,
+                               padded_width=None)
     return found if gather_packed_in_place(graph, model, twin) else None
 
 
@@ -62,14 +62,14 @@ def decoded_lookup(graph, model, table, head, sources):
     lie, each byte split into its two 4-bit codes (BitShift, low nibble first), Cast to the scales' type, less the
     zero point, times the row's scales, reshaped to [..., width]. The same rows as lookup_from_head's, computed in
     the same order (one rounding, in the product); the codes and scales read in place. The Lookup."""
-    node, q = table["node"], head["quant"]
-    found = Lookup(node.output[0], node.input[1], table["initializer"], not stored_as_table(table),
-                   head["initializer"])
+    node, q = table.node, head.quant
+    found = Lookup(node.output[0], node.input[1], table.initializer, not table.rows_are_tokens,
+                   head.initializer)
     ids, p = node.input[1], unique_name(model, "rows_from_head") + "_"
-    (vocab, blocks, blob), kind = head["stored_dims"], model.tensors[q.scale].data_type
+    (vocab, blocks, blob), kind = head.stored_dims, model.tensors[q.scale].data_type
     block = blob * 8 // q.bits
     make = lambda op, inputs, name, **attrs: helper.make_node(op, inputs, [p + name], name=p + name, **attrs)
-    nodes = [make("Gather", [head["initializer"], ids], "codes"), make("Shape", [ids], "ids_shape")]  # [..., blocks, blob]
+    nodes = [make("Gather", [head.initializer, ids], "codes"), make("Shape", [ids], "ids_shape")]  # [..., blocks, blob]
     codes = p + "codes"
     if q.bits == 4:
         four = _scalar(graph, p + "four", np.uint8(4))
@@ -96,9 +96,9 @@ def decoded_lookup(graph, model, table, head, sources):
     nodes += [make("Sub", [p + "values", zero], "centered"), make("Gather", [scales, ids], "scales"),
               make("Unsqueeze", [p + "scales", const(graph, p + "scale_axis", [-1])], "scales_1"),
               make("Mul", [p + "centered", p + "scales_1"], "rows"),
-              make("Concat", [p + "ids_shape", const(graph, p + "width", [table["width"]])], "to_rows", axis=0),
+              make("Concat", [p + "ids_shape", const(graph, p + "width", [table.width])], "to_rows", axis=0),
               helper.make_node("Reshape", [p + "rows", p + "to_rows"], [node.output[0]], name=p + "unblocked",
-                               doc_string=f"rows decoded from the head's codes {head['initializer']} (retied by "
+                               doc_string=f"rows decoded from the head's codes {head.initializer} (retied by "
                                           f"runtime.inspect {FLAG})")]
     at = list(graph.node).index(node)
     graph.node.remove(node)
@@ -157,13 +157,13 @@ def head_rows(model, head, table, path):
     scale exact in float64, rounded once to the scale's type) to the .npy `path`, a chunk of tokens at a time, and
     measure each row's change from the table's: {"max_row_change", "max_row_change_in_steps"} (the largest
     |new - old| of an element, and of it over its block's scale: the quantization step)."""
-    q, tensor = head["quant"], model.tensors[table["initializer"]]
+    q, tensor = head.quant, model.tensors[table.initializer]
     dtype = np.float16 if tensor.data_type == TensorProto.FLOAT16 else np.float32
     values = tensor.values()
-    values = values if stored_as_table(table) else values.T  # [vocab, width], a view
-    rows = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(table["vocab"], table["width"]))
+    values = values if table.rows_are_tokens else values.T  # [vocab, width], a view
+    rows = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(table.vocab, table.width))
     most, most_steps = 0.0, 0.0
-    for t0, t1 in quantized.chunks(table["vocab"], table["width"]):
+    for t0, t1 in quantized.chunks(table.vocab, table.width):
         exact, scales = quantized.decoded(model, q, t0, t1)
         rows[t0:t1] = exact.astype(dtype)  # one rounding: the product of a small integer and a scale is exact
         change = np.abs(rows[t0:t1].astype(np.float64) - np.asarray(values[t0:t1], np.float64))

@@ -24,21 +24,21 @@ def why_not(model, info):
     are reshaped on the way to the logits output (the sequence axis is then not known to be the one sliced)."""
     if KEEP in {i.name for i in model.proto.graph.input} | set(model.tensors):
         return f"the model already has a tensor named {KEEP}"
-    if not info.get("prefill"):
+    if not info.prefill:
         return "no logits head scores every prompt position (nothing to keep)"
     if model.proto.ir_version < 4:
         return f"IR version {model.proto.ir_version}: an input's default needs IR 4 or later"
     for head in _heads(model, info):
-        node = head["node"]
+        node = head.node
         if node.op_type == "FusedMatMul" and (attribute(node, "transA", 0) or attribute(node, "transBatchA", 0)):
-            return (f"the head {head['initializer']} is a FusedMatMul reading its hidden state transposed: the "
+            return (f"the head {head.initializer} is a FusedMatMul reading its hidden state transposed: the "
                     "sequence axis is not the one --logits-to-keep slices")
         retied = retied_head(head)
         if node.op_type not in _SLICED_HEADS and not retied:
-            return (f"the head {head['initializer']} is read by {node.op_type}, which flattens the hidden state: "
+            return (f"the head {head.initializer} is read by {node.op_type}, which flattens the hidden state: "
                     f"--logits-to-keep slices the [batch, sequence, width] input of {', '.join(_SLICED_HEADS)}")
-        if not _rank_kept(node, head["consumers"], head["scores"], retied and retied[3]):
-            return (f"the head {head['initializer']}'s scores are reshaped on the way to {head['scores']}: the "
+        if not _rank_kept(node, head.consumers, head.scores, retied and retied[3]):
+            return (f"the head {head.initializer}'s scores are reshaped on the way to {head.scores}: the "
                     "sequence axis is not known there")
     return None
 
@@ -54,15 +54,15 @@ def fix(model, info):
 
 def _heads(model, info):
     """The head entries whose scores become a logits output that scores every prompt position."""
-    outputs = {p["output"] for p in info.get("prefill", [])}
-    return [h for h in info["heads"] if h.get("scores") and main_output(model, h) in outputs]
+    outputs = {p["output"] for p in info.prefill}
+    return [h for h in info.heads if h.scores and main_output(model, h) in outputs]
 
 
 def retied_head(head):
     """(hidden, Shape, flatten, unflatten) of a head --retie made (rewrite._gemm_head: Shape(hidden) and
     Reshape(hidden, [-1, width]) -> Gemm(transB=1) -> Reshape(., Concat(Slice(Shape(hidden)), [vocab]))), told by
     that structure alone, whatever its nodes are named; None for any other head."""
-    node, producer, consumers = head["node"], head["producer"], head["consumers"]
+    node, producer, consumers = head.node, head.producer, head.consumers
     if node.op_type != "Gemm" or attribute(node, "transB", 0) != 1:
         return None
     flatten, after = producer.get(node.input[0]), consumers.get(node.output[0], [])
@@ -115,7 +115,7 @@ def keep_last(model, info, default):
     end, axis = const(graph, prefix + "end", [np.iinfo(np.int64).max]), const(graph, prefix + "axis", [-2])
     heads, renamed, outputs = {}, {}, set()
     for number, head in enumerate(_heads(model, info)):
-        body, node = head["body"], head["node"]
+        body, node = head.body, head.node
         retied = retied_head(head)
         readers = list(retied[1:3]) if retied else [node]  # a head --retie made reads it in two nodes
         hidden, kept = readers[0].input[0], f"{prefix}{number}_hidden"
@@ -126,13 +126,13 @@ def keep_last(model, info, default):
         for reader in readers:
             reader.input[:] = [kept if i == hidden else i for i in reader.input]
         renamed[kept] = hidden
-        quantized = head["format"] != "float32" or "quant" in head
+        quantized = head.format != "float32" or head.quant is not None
         # what the head makes of [batch, sequence, width] rows: a head --retie made, its Reshape back to them
         made = retied[3].output[0] if retied else node.output[0]
-        heads[made] = KeptHead(hidden, head["initializer"], bool(head["as_table"]), not quantized, _nbits(head))
+        heads[made] = KeptHead(hidden, head.initializer, bool(head.as_table), not quantized, _nbits(head))
         outputs.add(main_output(model, head))
         if body is not graph:
-            _positions(body, head["scores"], None)  # a branch's: as the If's output is declared, and no more
+            _positions(body, head.scores, None)  # a branch's: as the If's output is declared, and no more
     for value in graph.output:
         if value.name in outputs and default == 1:
             _positions(graph, value.name, 1)
@@ -142,10 +142,10 @@ def keep_last(model, info, default):
 def _nbits(head):
     """What the proof needs to bound a MatMulNBits head's product ({quant: its graph.quantized.Quant's fields,
     block_size, accuracy_level}), or None for any other head."""
-    node = head["node"]
-    if node.op_type != "MatMulNBits" or "quant" not in head:
+    node = head.node
+    if node.op_type != "MatMulNBits" or head.quant is None:
         return None
-    return {"quant": dataclasses.asdict(head["quant"]), "block_size": attribute(node, "block_size", 0),
+    return {"quant": dataclasses.asdict(head.quant), "block_size": attribute(node, "block_size", 0),
             "accuracy_level": attribute(node, "accuracy_level", 0)}
 
 

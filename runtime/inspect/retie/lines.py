@@ -82,7 +82,7 @@ def lookup_lines(looked_up, found, measured=None, where=""):
     with the original and the first step's largest logit change; the resident growth of a run before -> after where
     `measured` ({"defaults": figures}) says it."""
     said, greedy = [], looked_up["record"]["greedy"]
-    vocabulary = {v["table"]: v for v in found["vocabulary"]}
+    vocabulary = {v["table"]: v for v in found.vocabulary}
     for lookup in looked_up["lookups"]:
         v, change = vocabulary[lookup.table], looked_up["changes"][lookup.table]
         before = v["in_memory"]["defaults"].get("resident_bytes")

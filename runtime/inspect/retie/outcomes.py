@@ -25,8 +25,8 @@ def measured_again(result, staged, proven, scratch, limits, say, size=None):
     what the folder held (_say_memory), then a line per table the folder held more than once (_outcomes; `proven`'s
     held, what each rewritten file's proof counted). `size`: the bytes of those files in OUT (default: all of OUT's)."""
     place = placed(result)
-    parts = [{"model": staged.path(place[it["file"]]), "rows": it["info"]["rows"], "shape": it["info"]["shape"]}
-             for it in result["items"] if it["info"]["rows"]]
+    parts = [{"model": staged.path(place[it["file"]]), "rows": it["info"].rows, "shape": it["info"].shape}
+             for it in result["items"] if it["info"].rows]
     if proven.figures is not None and len(parts) == 1:
         measured = {"defaults": proven.figures}
     else:
@@ -85,17 +85,17 @@ def _outcomes(result, out, held, place, per_file=False, after=None):
         was = v["in_memory"]["defaults"]["copies"]
         if not (v["copies_on_disk"] > 1 or (was or 0) > 1):
             continue
-        names = {(place[it["file"]], e["initializer"]) for it, e, _ in v["members"]}
+        names = {(place[it["file"]], e.initializer) for it, e, _ in v["members"]}
         names |= {(place[it["file"]], t) for it, e, _ in v["members"] for t in held.get(it["file"], {})
-                  if t.startswith(e["initializer"] + "_rows")}  # stored anew under retie.rewrite's name for it
+                  if t.startswith(e.initializer + "_rows")}  # stored anew under retie.rewrite's name for it
         on_disk = _stored_after(out, names)
         each = []  # the copies each file's session holds
         for it in result["items"]:
-            mine = {e["initializer"] for i, e, _ in v["members"] if i is it}
+            mine = {e.initializer for i, e, _ in v["members"] if i is it}
             if not mine:
                 continue
             counted = [n for t, n in held.get(it["file"], {}).items() if t in mine]
-            reported = [e["tables_in_memory"] or 1 for e in it["info"]["vocabulary"] if e["table"] in mine]
+            reported = [e["tables_in_memory"] or 1 for e in it["info"].vocabulary if e["table"] in mine]
             each.append((counted or reported or [1])[0])
         now = sum(each) if per_file else 1 + sum(max(n - 1, 0) for n in each)
         saved = max((was or 0) - now, 0) * v["bytes"]

@@ -1,7 +1,6 @@
 """The rewrite --retie makes: each duplicated head read from its table in a form onnxruntime keeps as one."""
 from onnx import helper
 
-from runtime.model.findings.relations import stored_as_table
 from runtime.model.graph.ops import TRANSPOSING
 from runtime.model.graph.quantized import attribute
 from runtime.model.graph.walk import lookup_ids
@@ -30,37 +29,37 @@ def rewrite(model, pairs, lookup_from_head=False):
     for p in pairs:
         table, head = p.table_entry, p.head_entry
         how, _ = remedy(p, lookup_from_head)
-        if how == "lookup_from_head" and id(table["node"]) not in done:
-            done.add(id(table["node"]))
+        if how == "lookup_from_head" and id(table.node) not in done:
+            done.add(id(table.node))
             make = headlookup.decoded_lookup if lookup_from_head == headlookup.DECODED else headlookup.lookup_from_head
             found = make(graph, model, table, head, sources)
             if found:
                 lookups.append(found)
-                rewritten.append(Rewritten(None, None, table["initializer"], found.transposed, head["initializer"]))
-        elif how == "packed_shared" and id(table["node"]) not in done:
-            done.add(id(table["node"]))
+                rewritten.append(Rewritten(None, None, table.initializer, found.transposed, head.initializer))
+        elif how == "packed_shared" and id(table.node) not in done:
+            done.add(id(table.node))
             if gather_packed_in_place(graph, model, table):
-                rewritten.append(Rewritten(None, None, table["initializer"], False, table["initializer"]))
-        elif how == "packed_duplicate" and id(table["node"]) not in done:
-            done.add(id(table["node"]))
+                rewritten.append(Rewritten(None, None, table.initializer, False, table.initializer))
+        elif how == "packed_duplicate" and id(table.node) not in done:
+            done.add(id(table.node))
             if gather_head_codes(graph, model, table, head):
-                rewritten.append(Rewritten(None, None, table["initializer"], False, head["initializer"]))
-        elif how == "view" and id(head["node"]) not in done:
-            done.add(id(head["node"]))
-            name, flipped = table["initializer"], table["flips"] % 2 == 1
+                rewritten.append(Rewritten(None, None, table.initializer, False, head.initializer))
+        elif how == "view" and id(head.node) not in done:
+            done.add(id(head.node))
+            name, flipped = table.initializer, table.flips % 2 == 1
             if flipped:  # stored [width, vocab]: store it once as [vocab, width] and look rows up directly
                 rows = unique_name(model, name + "_rows")
                 sources[rows] = shell(graph, rows, model.tensors[name].values().T)
-                table["node"].input[0] = rows
+                table.node.input[0] = rows
                 name = rows
-            if table["node"].op_type == "MatMul" and id(table["node"]) not in done:  # one_hot(ids) @ table
-                done.add(id(table["node"]))
-                table["node"].input[1] = view_of(table["body"], model, table["node"], name, lookup_ids(table),
-                                               [table["vocab"], table["width"]])
+            if table.node.op_type == "MatMul" and id(table.node) not in done:  # one_hot(ids) @ table
+                done.add(id(table.node))
+                table.node.input[1] = view_of(table.body, model, table.node, name, lookup_ids(table),
+                                               [table.vocab, table.width])
             # in the head's own graph (an If branch reads the table and the view's constants from outside)
-            rewritten.append(Rewritten(*_gemm_head(head["body"], model, head["node"], name,
-                                                   (table["vocab"], table["width"]), cast_to(head)),
-                                       table["initializer"], flipped, name))
+            rewritten.append(Rewritten(*_gemm_head(head.body, model, head.node, name,
+                                                   (table.vocab, table.width), cast_to(head)),
+                                       table.initializer, flipped, name))
     drop_dead(graph)
     kept = {t.name for t in graph.initializer}
     return rewritten, {name: array for name, array in sources.items() if name in kept}, lookups
@@ -69,7 +68,7 @@ def rewrite(model, pairs, lookup_from_head=False):
 def cast_to(head):
     """The type a head's kernel reads its weight as where a Cast lies between the stored weight and the head (the
     nearest one's `to`: the lab's float16 / bfloat16 tables decoded to float32 for a float32 head), else None."""
-    name, producer = head["node"].input[1], head["producer"]
+    name, producer = head.node.input[1], head.producer
     node = producer.get(name)
     while node is not None and node.op_type != "Cast" and node.input:  # views only, up to the initializer
         node = producer.get(node.input[0])
@@ -126,12 +125,12 @@ def borrow(model, sources, head, owner, table):
     Gemm(transB=1) on its run-time view, as rewrite() makes a head in one file; the head's own copy is dropped.
     The rewritten entry, as rewrite() lists them."""
     graph = model.proto.graph
-    name = unique_name(model, table["initializer"])
-    sources[name] = shell(graph, name, owner.tensors[table["initializer"]].values())
-    entry = _gemm_head(head["body"], model, head["node"], name, (table["vocab"], table["width"]), cast_to(head))
+    name = unique_name(model, table.initializer)
+    sources[name] = shell(graph, name, owner.tensors[table.initializer].values())
+    entry = _gemm_head(head.body, model, head.node, name, (table.vocab, table.width), cast_to(head))
     drop_dead(graph)
-    sources.pop(head["initializer"], None)
-    return Rewritten(*entry, head["initializer"], not stored_as_table(head), name)
+    sources.pop(head.initializer, None)
+    return Rewritten(*entry, head.initializer, not head.rows_are_tokens, name)
 
 
 def planned(model, found, say, lookup_from_head=False):
@@ -139,9 +138,9 @@ def planned(model, found, say, lookup_from_head=False):
     [headlookup.Lookup]); an InspectError for an opset the rewrite cannot use."""
     if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
         raise InspectError(f"{model.path}: opset below 13; --retie rewrites with opset-13 Slice and Reshape")
-    casts = {p.head: cast_to(p.head_entry) for p in found["pairs"] if remedy(p)[0] == "view"}
-    rewritten, sources, lookups = rewrite(model, found["pairs"], lookup_from_head)
-    for p in found["pairs"]:
+    casts = {p.head: cast_to(p.head_entry) for p in found.pairs if remedy(p)[0] == "view"}
+    rewritten, sources, lookups = rewrite(model, found.pairs, lookup_from_head)
+    for p in found.pairs:
         how, why = remedy(p, lookup_from_head)
         if how is None and why is not None:
             say(f"retie: {p.table} / {p.head} ({p.relation}): {why}\n")

@@ -20,7 +20,7 @@ def remedy(pair, lookup_from_head=False):
     table, head, relation = pair.table_entry, pair.head_entry, pair.relation
     if relation == "distinct":
         return None, None
-    inside = [g for g in (table["graph"], head["graph"]) if g != "main"]
+    inside = [g for g in (table.graph, head.graph) if g != "main"]
     if any(not _in_branches(g) for g in inside):
         return None, (f"read inside a Loop or Scan body ({inside[0]}): found and counted, but --retie rewrites the "
                       "main graph and If branches only")
@@ -41,19 +41,19 @@ def remedy(pair, lookup_from_head=False):
         return "packed_shared", None
     if packed_duplicate(pair):
         return "packed_duplicate", None
-    views = table["views"] + head["views"]
-    if table["format"] not in FLOATS or head["format"] != table["format"]:
-        return None, (f"a {table['format']} table read through {', '.join(views) or 'no view'} by "
-                      f"{table['node'].op_type}: left as it is (--retie rewrites float32, float16 and bfloat16 tables "
+    views = table.views + head.views
+    if table.format not in FLOATS or head.format != table.format:
+        return None, (f"a {table.format} table read through {', '.join(views) or 'no view'} by "
+                      f"{table.node.op_type}: left as it is (--retie rewrites float32, float16 and bfloat16 tables "
                       "with a head of the same format, and onnxruntime's int4 block layouts)")
-    if "Cast" in table["views"]:  # the lookup would read the table in another type than it did
-        return None, (f"a {table['format']} table its {table['node'].op_type} reads through a Cast "
-                      f"({', '.join(table['views'])}): left as it is")
+    if "Cast" in table.views:  # the lookup would read the table in another type than it did
+        return None, (f"a {table.format} table its {table.node.op_type} reads through a Cast "
+                      f"({', '.join(table.views)}): left as it is")
     if "Reshape" in views:
         return None, (f"read through a Reshape that is not the table's own shape ({', '.join(views)}): left as it is "
                       "(a rewrite would have to undo it)")
-    if relation == "shared" and not pair.via_transpose and "View" in head["views"] and (
-            table["node"].op_type == "Gather" or "View" in table["views"]):
+    if relation == "shared" and not pair.via_transpose and "View" in head.views and (
+            table.node.op_type == "Gather" or "View" in table.views):
         return None, None  # already read through a run-time view: one table in memory
     return "view", None
 

@@ -88,20 +88,20 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
     retie.branches read in place (branches.Shared, its drift set from the proof), so the original is run with
     prepacking off and no session may prepack them; the plan's `keep` gets the proof's {"exact"} as its `kept`."""
     model, found, rewritten, _, keep, looked_up = plan
-    refused = (found.get("originals") or {}).get("refused")  # inspect's child ran the original on the proof's feeds
+    refused = (found.originals or {}).get("refused")  # inspect's child ran the original on the proof's feeds
     if refused and not (in_place or upstream or looked_up):  # as the proof would: no child of the proof started
         raise InspectError(f"{model.path} cannot be proven on this machine, nothing written: {refused}")
     optimized = os.path.join(folder, "retied.optimized.onnx")
     replaced = looked_up and head_rows_of(plan, folder)
     finals = sorted({r.now for r in rewritten})
     # a table stored anew ("<table>_rows", not among the original's tensors) holds the table's elements
-    sizes = copy_sizes(model, [{"initializer": r.now if r.now in model.tensors else r.table} for r in rewritten])
+    sizes = copy_sizes(model, [r.now if r.now in model.tensors else r.table for r in rewritten])
     renamed = keep["renamed"] if keep else {}  # the hidden state a head reads, as the original names it
     job = jobs.prove(jobs.Proof(
         os.path.abspath(model.path), model.checked, staged, [r._replace(hidden=renamed.get(r.hidden, r.hidden))
                                                              for r in rewritten],
-        found["rows"], found["shape"], list(upstream), bool(in_place), optimized, sizes, measure,
-        keep and {k: keep[k] for k in ("input", "outputs", "heads")}, found.get("originals"), replaced), folder)
+        found.rows, found.shape, list(upstream), bool(in_place), optimized, sizes, measure,
+        keep and {k: keep[k] for k in ("input", "outputs", "heads")}, found.originals, replaced), folder)
     try:  # the proof's session of the retied model writes its optimized model's layout: no load of its own
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
@@ -139,7 +139,7 @@ def _held(plan, retied, retied_optimized, copies, failures):
     session holds more copies than it should: one of a float32 table, as many as before of another, and of head
     codes --lookup-from-head's lookup now reads, one and the head kernel's prepacked ones (as before)."""
     (copies, prepacked), looked_up = copies, plan.looked_up
-    before = {v["table"]: v["tables_in_memory"] for v in plan.found["vocabulary"]}
+    before = {v["table"]: v["tables_in_memory"] for v in plan.found.vocabulary}
     held = {}
     for table, original in {r.now: r.table for r in plan.rewritten}.items():
         mine = [c for c in copies if c.get("copy_of") == table and c["bytes"] >= retied.tensors[table].nbytes]
@@ -167,7 +167,7 @@ def packs(name, prepacked):
 def head_rows_of(plan, folder):
     """{float table: {"rows", "transposed"}}: each --lookup-from-head lookup's table as the head dequantizes it,
     written to `folder` as .npy (headlookup.head_rows), its change from the table kept in plan.looked_up["changes"]."""
-    entries = {(p.table, p.head): p for p in plan.found["pairs"]}
+    entries = {(p.table, p.head): p for p in plan.found.pairs}
     replaced, changes = {}, {}
     for i, lookup in enumerate(plan.looked_up["lookups"]):
         pair = entries[lookup.table, lookup.codes]
@@ -182,14 +182,14 @@ def lookup_proof(plan, staged, replaced, folder, limits):
     """Check every id's row of the staged retied model against the head's rows and measure greedy agreement with
     the original (sandbox.headrows, isolated); the record in plan.looked_up["record"]; failures (one line each)."""
     found, lookups = plan.found, plan.looked_up["lookups"]
-    entries = {(p.table, p.head): p for p in found["pairs"]}
+    entries = {(p.table, p.head): p for p in found.pairs}
     first = entries[lookups[0].table, lookups[0].codes]
-    vocab = first.table_entry["vocab"]
+    vocab = first.table_entry.vocab
     job = jobs.head_lookup(plan.model.checked, staged, [{"output": k.output, "table": k.table,
                                                          "rows": replaced[k.table]["rows"]} for k in lookups],
-                           {"rows": found["rows"], "shape": found["shape"],
+                           {"rows": found.rows, "shape": found.shape,
                             "prompts": headlookup.prompts_for(plan.model.path, vocab)},
-                           first.head_entry.get("scores") or "logits", vocab, folder)
+                           first.head_entry.scores or "logits", vocab, folder)
     limits.progress("checking every looked-up row and running both models greedily")
     record = isolated.call(job, "checking the lookup from the head", limits, plan.model.file_bytes)
     plan.looked_up["record"] = record
@@ -234,7 +234,7 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
             say(lines.failure_line(failures[0]))
             return 1
         if measured is None:  # what gained_line reports
-            part = {"model": staged.path, "rows": found["rows"], "shape": found["shape"]}
+            part = {"model": staged.path, "rows": found.rows, "shape": found.shape}
             measured = memory.measure(part, folder, limits, model.file_bytes, settings=["defaults"])
         else:
             measured = {"defaults": measured}
@@ -245,19 +245,19 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     size = sum(os.path.getsize(p) for p in written)
     if rewritten:
-        say(lines.rewritten_line(rewritten, model, found["shape"], weights=weights, replaced=bool(looked_up)))
+        say(lines.rewritten_line(rewritten, model, found.shape, weights=weights, replaced=bool(looked_up)))
     if looked_up:
         for line in lines.lookup_lines(looked_up, found, measured):
             say(line)
         if asked.records is not None:
             asked.records.extend(lookup_records(looked_up, model.path))
     if keep:
-        say(lines.kept_line(keep, logits_to_keep, found["shape"], retied=any(r.hidden for r in rewritten)))
-    was = {v["table"]: v for v in found["vocabulary"]}
+        say(lines.kept_line(keep, logits_to_keep, found.shape, retied=any(r.hidden for r in rewritten)))
+    was = {v["table"]: v for v in found.vocabulary}
     for table, original in {r.now: r.table for r in rewritten if r.table not in (looked_up or {}).get(
             "changes", {})}.items():
         say(lines.gained_line(table, held[table], was.get(original), measured.get("defaults"),
-                              stored_copies(found["pairs"], original)[0]))
+                              stored_copies(found.pairs, original)[0]))
     say(lines.wrote_line(out_path, model.file_bytes, size))
     for line in sidecars.copy_beside(model.path, out_path):
         say(f"retie: {line}\n")

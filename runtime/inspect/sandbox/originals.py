@@ -27,7 +27,7 @@ def shown_ahead(proto, heads):
         out for node in proto.graph.node if node.op_type == "Constant" for out in node.output}
     names = set()
     for head in heads:
-        node = head["node"]
+        node = head.node
         made = producers.get(node.input[0])
         if node.output[0] not in outputs or made is None or made.op_type in FUSED_INTO_MATMUL or (
                 made.op_type in ("Mul", "Div") and constants.intersection(made.input)):

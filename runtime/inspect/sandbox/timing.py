@@ -17,14 +17,14 @@ MOST_SECONDS = 120  # and the most the run may take (or a third of the command's
 
 
 def time_prefill(model, info, folder, limits):
-    """Add `timing` to each of info["prefill"] (findings.prefill.all_positions' entries): {"run_seconds",
+    """Add `timing` to each of info.prefill (findings.prefill.all_positions' entries): {"run_seconds",
     "head_seconds"} of one run at its prompt length, or {"why"}: why none was made (too many multiply-adds for
     inspect's budget, a run onnxruntime refused, feeds that cannot be made)."""
-    found = info.get("prefill") or []
+    found = info.prefill or []
     if not found:
         return
     tokens = found[0]["prompt_tokens"]
-    widths = {h["initializer"]: h["width"] for h in info["heads"]}
+    widths = {h.initializer: h.width for h in info.heads}
     head = sum(2 * tokens * p["vocab_size"] * widths.get(p["head"], 0) for p in found)
     weights = 2 * tokens * sum(t.elements for t in model.tensors.values())  # each weight used once a token, at least
     if max(head, weights) > MOST_FLOPS:
@@ -41,7 +41,7 @@ def time_prefill(model, info, folder, limits):
                                   f"{available / isolated.GiB:.1f} GiB is available now"}
         return
     vocab = sorted({p["vocab_size"] for p in found})
-    job = jobs.prefill(model.checked, folder, info["rows"], info["shape"], tokens, vocab)
+    job = jobs.prefill(model.checked, folder, info.rows, info.shape, tokens, vocab)
     seconds = min(MOST_SECONDS, limits.remaining() / 3)
     own = isolated.Limits(seconds, limits.memory, limits.progress)
     try:  # its own share of the command's time: a prefill too slow to time leaves the rest theirs

@@ -7,7 +7,7 @@ import os
 from typing import NamedTuple
 
 from runtime.model.findings import counting
-from runtime.model.findings.relations import Digests, Values, quantized_relation, stored_as_table, table_shaped
+from runtime.model.findings.relations import Digests, Values, quantized_relation, table_shaped
 from runtime.model.findings.vocabulary import copy_key
 from runtime.model.read import sidecars
 from runtime.model.read.model import label
@@ -18,7 +18,7 @@ _TIES = ("shared", "duplicate", "transposed_duplicate")
 
 class Member(NamedTuple):
     """One table or head of a vocabulary group (`members` of relate_files' vocabulary entries): `item` the file's
-    {"file", "model", "info"}, `entry` the walker's table or head entry, `role` "lookup" or "head"."""
+    {"file", "model", "info"}, `entry` the walker's TableEntry or HeadEntry, `role` "lookup" or "head"."""
     item: dict
     entry: dict
     role: str
@@ -46,7 +46,7 @@ def config_tie(folder):
 
 def _side(member):
     item, entry = member.pair
-    return {"file": item["file"], "name": entry["initializer"], "graph": entry.get("graph", "main")}
+    return {"file": item["file"], "name": entry.initializer, "graph": entry.graph}
 
 
 def _quantized_across(a_item, a, b_item, b):
@@ -54,18 +54,18 @@ def _quantized_across(a_item, a, b_item, b):
     holds the other's values."""
     both = _TwoFiles(a_item["model"], b_item["model"])
     relation, wasted, _ = quantized_relation(both, both.entry(0, a), both.entry(1, b),
-                                             stored_as_table(a) != stored_as_table(b))
+                                             a.rows_are_tokens != b.rows_are_tokens)
     return None if relation == "distinct" else (relation, wasted)
 
 
 def _same_across(a_item, a, b_item, b):
     """(relation, wasted bytes) of entries `a` and `b` from two files known to hold the same values: `shared` where
     both name the same bytes of one data file as the same layout (onnxruntime-genai's shared initializers)."""
-    ta, tb = a_item["model"].tensors[a["initializer"]], b_item["model"].tensors[b["initializer"]]
-    transposed = stored_as_table(a) != stored_as_table(b)
+    ta, tb = a_item["model"].tensors[a.initializer], b_item["model"].tensors[b.initializer]
+    transposed = a.rows_are_tokens != b.rows_are_tokens
     if ta.external is not None and ta.external == tb.external and not transposed and ta.dims == tb.dims:
         return "shared", 0
-    return ("transposed_duplicate" if transposed else "duplicate"), b["bytes"]
+    return ("transposed_duplicate" if transposed else "duplicate"), b.bytes
 
 
 class _TwoFiles:
@@ -91,8 +91,8 @@ class _TwoFiles:
     def entry(side, entry):
         """The table or head `entry` of side 0 or 1, its tensors' names behind the side's number."""
         named = lambda n: None if n is None else f"{side}\x1f{n}"
-        q = entry.get("quant")
-        return dict(entry, initializer=named(entry["initializer"]), scales=named(entry.get("scales")),
+        q = entry.quant
+        return dataclasses.replace(entry, initializer=named(entry.initializer), scales=named(entry.scales),
                     quant=q and dataclasses.replace(q, codes=named(q.codes), scale=named(q.scale),
                                                     zero_point=named(q.zero_point)))
 
@@ -116,12 +116,12 @@ def relate_files(items):
         parent[root(j)] = root(i)
     first_of_name = {}
     for i, (it, e, _) in enumerate(entries):  # one tensor read as a table and as a head is one tensor
-        key = (it["file"], e["initializer"])
+        key = (it["file"], e.initializer)
         if key in first_of_name:
             join(first_of_name[key], i)
         first_of_name.setdefault(key, i)
     for item in items:  # ties inside each file, as its own report found them
-        for p in item["info"]["pairs"]:
+        for p in item["info"].pairs:
             if p.relation in _TIES:
                 join(first_of_name[(item["file"], p.table)], first_of_name[(item["file"], p.head)])
     digests = {item["file"]: Digests(item["model"]) for item in items}
@@ -131,8 +131,8 @@ def relate_files(items):
         pairs.append({"a": _side(entries[i]), "b": _side(entries[j]), "relation": found[0], "wasted_bytes": found[1]})
         join(i, j)
     for j, (item, entry, _) in enumerate(entries):
-        shape = (entry["vocab"], entry["width"])
-        if entry.get("quant"):
+        shape = (entry.vocab, entry.width)
+        if entry.quant:
             _relate_quantized(j, entries, quantized.setdefault(shape, []), firsts.get(shape, {}), related)
             continue
         number = values.of(item["model"], digests[item["file"]], entry)
@@ -181,15 +181,15 @@ def _entries(items):
     file's table's vocab x width, or a table itself), each stored tensor once per file and orientation (its
     lookup's entry; a head's too where only the head says how it is quantized). A layer's weight is not read."""
     entries, seen = [], {}
-    tables = [t for item in items for t in item["info"]["tables"]]
+    tables = [t for item in items for t in item["info"].tables]
     for item in items:
-        own = {t["initializer"] for t in item["info"]["tables"]}
-        kept = {id(h) for h in table_shaped(tables, item["info"]["heads"])}
-        heads = [h for h in item["info"]["heads"] if id(h) in kept or h["initializer"] in own]  # in their order
-        for role, found in (("lookup", item["info"]["tables"]), ("head", heads)):
+        own = {t.initializer for t in item["info"].tables}
+        kept = {id(h) for h in table_shaped(tables, item["info"].heads)}
+        heads = [h for h in item["info"].heads if id(h) in kept or h.initializer in own]  # in their order
+        for role, found in (("lookup", item["info"].tables), ("head", heads)):
             for entry in found:
-                key = (item["file"], entry["initializer"], stored_as_table(entry))
-                if key not in seen or (entry.get("quant") and not entries[seen[key]].entry.get("quant")):
+                key = (item["file"], entry.initializer, entry.rows_are_tokens)
+                if key not in seen or (entry.quant and not entries[seen[key]].entry.quant):
                     seen[key] = len(entries)
                     entries.append(Member(item, entry, role))
     return entries
@@ -201,21 +201,21 @@ def _group(items, members):
     item, table, _ = next(m for m in members if m.role == "lookup")
     stored, identities = [], set()
     for it, entry, _ in members:
-        tensor = it["model"].tensors[entry["initializer"]]
-        identity = tensor.external or (os.path.realpath(it["model"].path), entry["initializer"])
+        tensor = it["model"].tensors[entry.initializer]
+        identity = tensor.external or (os.path.realpath(it["model"].path), entry.initializer)
         if identity not in identities:
             identities.add(identity)
-            stored.append({"file": it["file"], "name": entry["initializer"], "bytes": entry["bytes"]})
+            stored.append({"file": it["file"], "name": entry.initializer, "bytes": entry.bytes})
     readers = []
     for it in items:
-        names = {e["initializer"] for i, e, _ in members if i is it}
-        for role, found in (("lookup", it["info"]["tables"]), ("head", it["info"]["heads"])):
-            readers += [{"file": it["file"], "node": label(e["node"]), "role": role, "graph": e.get("graph", "main")}
-                        for e in found if e["initializer"] in names]
-    kind = next((v["kind"] for v in item["info"]["vocabulary"] if v["table"] == table["initializer"]), "token")
-    return {"table": table["initializer"], "file": item["file"], "graph": table.get("graph", "main"),
-            "vocab_size": table["vocab"], "width": table["width"], "format": table["format"],
-            "bytes": table["bytes"], "kind": kind, "copies_on_disk": len(stored),
+        names = {e.initializer for i, e, _ in members if i is it}
+        for role, found in (("lookup", it["info"].tables), ("head", it["info"].heads)):
+            readers += [{"file": it["file"], "node": label(e.node), "role": role, "graph": e.graph}
+                        for e in found if e.initializer in names]
+    kind = next((v["kind"] for v in item["info"].vocabulary if v["table"] == table.initializer), "token")
+    return {"table": table.initializer, "file": item["file"], "graph": table.graph,
+            "vocab_size": table.vocab, "width": table.width, "format": table.format,
+            "bytes": table.bytes, "kind": kind, "copies_on_disk": len(stored),
             "wasted_bytes": sum(s["bytes"] for s in stored[1:]), "stored": stored, "readers": readers,
             "tied": any(r["role"] == "head" for r in readers), "members": members}
 
@@ -228,12 +228,12 @@ def held_together(group, items, measured, other_bytes):
     for setting, prepacking in counting.SETTINGS.items():
         copies, mapped = 0, set()
         for it in items:
-            names = [e["initializer"] for i, e, _ in group["members"] if i is it]
+            names = [e.initializer for i, e, _ in group["members"] if i is it]
             if not names:
                 continue
-            folded = [copy_key(c) for c in it["info"]["runtime_copies"]
+            folded = [copy_key(c) for c in it["info"].runtime_copies
                       if c.get("copy_of") in names and c.get("view") != "prepacked"]
-            optimized, prepacked = it["info"]["optimized"].proto, it["info"]["prepacked"]
+            optimized, prepacked = it["info"].optimized.proto, it["info"].prepacked
             copies += copies_held(names + folded, optimized, prepacked, prepacking)
             for name in originals_held(names, optimized, prepacked, prepacking):
                 tensor = it["model"].tensors.get(name)
@@ -254,8 +254,8 @@ def tie_finding(group, config, items):
     if config is False and group["tied"]:
         return "wrong_tie"
     if config is True and not group["tied"] and not quantized_heads(group, items):
-        heads = [h for it in items for h in it["info"]["heads"]
-                 if (h["vocab"], h["width"]) == (group["vocab_size"], group["width"])]
+        heads = [h for it in items for h in it["info"].heads
+                 if (h.vocab, h.width) == (group["vocab_size"], group["width"])]
         return "lost_tie" if heads else None
     return None
 
@@ -263,8 +263,8 @@ def tie_finding(group, config, items):
 def quantized_heads(group, items):
     """The heads that hold a token table group's values quantized (`quantized_copy` pairs of its members): a tie a
     quantizer kept up to rounding, not a lost one."""
-    names = {(it["file"], e["initializer"]) for it, e, _ in group["members"]}
-    return sorted({p.head for it in items for p in it["info"]["pairs"]
+    names = {(it["file"], e.initializer) for it, e, _ in group["members"]}
+    return sorted({p.head for it in items for p in it["info"].pairs
                    if p.relation == "quantized_copy" and (it["file"], p.table) in names})
 
 

@@ -83,12 +83,12 @@ def _told_view(source, tensor, view):
     return view if agree and tensor.data_type == kind else None
 
 
-def copy_sizes(model, entries):
-    """The element counts of the initializers of `entries` (tables, heads): an optimize job's "sizes", the sizes
+def copy_sizes(model, names):
+    """The element counts of the initializers `names` (of tables, heads): an optimize job's "sizes", the sizes
     of the copies onnxruntime's optimizer could make of them; None (write the data anyway) where one is not found."""
     sizes = set()
-    for entry in entries:
-        name, graph = unscoped(entry["initializer"])
+    for scoped_name in names:
+        name, graph = unscoped(scoped_name)
         tensor = (model.bodies.get(graph, {}) if graph else model.tensors).get(name)
         if tensor is None:
             return None

@@ -27,21 +27,21 @@ class HeadLookup(NamedTuple):
 def why_not(model, table, head):
     """None where the Gather of float `table` can read `head`'s MatMulNBits codes (GatherBlockQuantized on the
     [N, blocks, blob] codes, its rows in the table's own type), else why not in one line."""
-    q, tensors = head.get("quant"), model.tensors
-    if head["node"].op_type != "MatMulNBits" or q is None or q.scale not in tensors or len(head["stored_dims"]) != 3:
-        return f"its head is a {head['node'].op_type}, not MatMulNBits block codes"
-    if table["node"].op_type != "Gather" or set(table["views"]) - {"Transpose"} or attribute(table["node"], "axis", 0):
-        views = ", ".join(table["views"]) or "no view"
-        return f"its lookup is a {table['node'].op_type} through {views}, not a Gather of the table's rows"
-    kind, scales = tensors[table["initializer"]].data_type, tensors[q.scale].data_type
+    q, tensors = head.quant, model.tensors
+    if head.node.op_type != "MatMulNBits" or q is None or q.scale not in tensors or len(head.stored_dims) != 3:
+        return f"its head is a {head.node.op_type}, not MatMulNBits block codes"
+    if table.node.op_type != "Gather" or set(table.views) - {"Transpose"} or attribute(table.node, "axis", 0):
+        views = ", ".join(table.views) or "no view"
+        return f"its lookup is a {table.node.op_type} through {views}, not a Gather of the table's rows"
+    kind, scales = tensors[table.initializer].data_type, tensors[q.scale].data_type
     if kind not in _FLOATS or scales != kind:
-        return (f"a {table['format']} table beside {TensorProto.DataType.Name(scales).lower()} scales: the rows "
+        return (f"a {table.format} table beside {TensorProto.DataType.Name(scales).lower()} scales: the rows "
                 "would change type")
     if q.bits not in (4, 8):
         return f"{q.bits}-bit codes: GatherBlockQuantized reads 4 or 8"
     if q.zero_point and (q.zero_point not in tensors or tensors[q.zero_point].data_type != TensorProto.UINT8):
         return "its zero points are not uint8 codes"
-    block = attribute(head["node"], "block_size", 0)
-    if not block or head["stored_dims"][1] * block != table["width"]:
+    block = attribute(head.node, "block_size", 0)
+    if not block or head.stored_dims[1] * block != table.width:
         return "the head's codes are padded past the width to whole blocks"
     return None

@@ -28,7 +28,7 @@ def multiply_adds(model, heads, tokens, width):
     counted once however many graphs read it) tokens x its vocab x width; each attention op (_attentions)
     2 x tokens^2 x `width` (the logits head's: the hidden size; its scores, then its values, every position against
     every one, as a prefill's kernels compute it). Norms, activations and lookups are not counted."""
-    weights = {h["initializer"]: h["vocab"] * h["width"] for h in heads}
+    weights = {h.initializer: h.vocab * h.width for h in heads}
     layers = _attentions(model.proto.graph)
     total = tokens * sum(weights.values()) + 2 * tokens * tokens * width * layers
     what = (f"{tokens} tokens x the elements of {len(weights)} matmul weight{'s' if len(weights) != 1 else ''}"
@@ -39,10 +39,10 @@ def multiply_adds(model, heads, tokens, width):
 def main_output(model, head):
     """The main graph's output that head's scores become: its own graph's output where the head is read in the
     main graph, else the output of the If at the place its branch's output takes (a merged decoder), or None."""
-    name = head.get("scores")
-    if not name or head.get("graph", "main") == "main":
+    name = head.scores
+    if not name or head.graph == "main":
         return name
-    body = head["body"]
+    body = head.body
     at = [o.name for o in body.output].index(name)
     for node in model.proto.graph.node:
         branches = [a.g.name for a in node.attribute if a.type == a.GRAPH] if node.op_type == "If" else []
@@ -56,7 +56,7 @@ def prompt_tokens(info, asked=None):
     context (its config's, or its position table's rows) where shorter."""
     if asked:
         return asked
-    declared = [info["shape"].get("context")] + [v["vocab_size"] for v in info["vocabulary"] if v["kind"] == "position"]
+    declared = [info.shape.get("context")] + [v["vocab_size"] for v in info.vocabulary if v["kind"] == "position"]
     return min([PROMPT] + [n for n in declared if n])
 
 
@@ -71,7 +71,7 @@ def all_positions(info, model, asked=None):
         return []
     outputs, found = {o.name: o for o in graph.output}, {}
     tokens = prompt_tokens(info, asked)
-    for head in info["heads"]:
+    for head in info.heads:
         out = outputs.get(main_output(model, head))
         if out is None or out.name in found or not out.type.HasField("tensor_type"):
             continue
@@ -82,11 +82,11 @@ def all_positions(info, model, asked=None):
             size = helper.tensor_dtype_to_np_dtype(out.type.tensor_type.elem_type).itemsize
         except KeyError:  # an undefined or unknown element type: no bytes to state
             continue
-        found[out.name] = {"head": head["initializer"], "output": out.name, "prompt_tokens": tokens,
-                           "vocab_size": head["vocab"], "logits_bytes": tokens * head["vocab"] * size,
-                           "row_bytes": head["vocab"] * size, "width": head["width"]}
+        found[out.name] = {"head": head.initializer, "output": out.name, "prompt_tokens": tokens,
+                           "vocab_size": head.vocab, "logits_bytes": tokens * head.vocab * size,
+                           "row_bytes": head.vocab * size, "width": head.width}
     if found:  # counted once for every head: one pass over the graph
-        heads, total, what = multiply_adds(model, info["heads"], tokens, max(p.pop("width") for p in found.values()))
+        heads, total, what = multiply_adds(model, info.heads, tokens, max(p.pop("width") for p in found.values()))
         for p in found.values():
             p["counted"] = {"head_multiply_adds": heads[p["head"]], "multiply_adds": total, "what": what}
     return list(found.values())

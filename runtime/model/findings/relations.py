@@ -40,17 +40,12 @@ def same_values(a, b, transposed=False):
     return True
 
 
-def stored_as_table(entry):
-    """Whether the entry's initializer is stored [vocab, width] (rows are tokens)."""
-    return entry.get("as_table", entry["flips"] % 2 == 0)
-
-
 def table_shaped(tables, heads):
     """The heads whose vocab x width is some table's: only they can hold a table's values, in whatever layout
     (transposed, quantized blocks: an entry's vocab and width are logical). Every other matmul weight (a layer's)
     is distinct from every table without a byte read."""
-    shapes = {(t["vocab"], t["width"]) for t in tables}
-    return [h for h in heads if (h["vocab"], h["width"]) in shapes]
+    shapes = {(t.vocab, t.width) for t in tables}
+    return [h for h in heads if (h.vocab, h.width) in shapes]
 
 
 @dataclass(frozen=True)
@@ -93,30 +88,30 @@ def relate(model, tables, heads):
     pairs, digest, values = [], Digests(model), Values()
     by_shape, named, heads = {}, {}, table_shaped(tables, heads)
     for head in heads:
-        by_shape.setdefault((head["vocab"], head["width"]), []).append(head)
+        by_shape.setdefault((head.vocab, head.width), []).append(head)
     for entry in tables + heads:
-        named.setdefault((entry["vocab"], entry["width"]), set()).add(entry["initializer"])
+        named.setdefault((entry.vocab, entry.width), set()).add(entry.initializer)
     # two tensors of a shape (a table and its head): compared straight away, each read once; a fingerprint would
     # read both once more and spare nothing
     fingerprinted = {shape for shape, names in named.items() if len(names) > 2}
     same = _Classes(model, digest, values)  # n tables and n heads of one shape: n^2 pairs, each entry looked at once
     for table in tables:
-        for head in by_shape.get((table["vocab"], table["width"]), []):
+        for head in by_shape.get((table.vocab, table.width), []):
             transposed = same.as_table(table) != same.as_table(head)
             gap = None
-            if head["initializer"] == table["initializer"]:
+            if head.initializer == table.initializer:
                 relation, wasted = "shared", 0
-            elif table.get("quant") or head.get("quant"):
+            elif table.quant or head.quant:
                 relation, wasted, gap = quantized_relation(model, table, head, transposed)
-            elif same(table, head, (table["vocab"], table["width"]) in fingerprinted) \
-                    and _same_scales(model, table["scales"], head["scales"]):
-                relation, wasted = ("transposed_duplicate" if transposed else "duplicate"), head["bytes"]
+            elif same(table, head, (table.vocab, table.width) in fingerprinted) \
+                    and _same_scales(model, table.scales, head.scales):
+                relation, wasted = ("transposed_duplicate" if transposed else "duplicate"), head.bytes
             else:
                 relation, wasted = "distinct", 0
-            pairs.append(Pair(table["initializer"], head["initializer"], relation, wasted, same.label(head),
-                              head["flips"] > 0 or table["flips"] > 0, table, head, gap,
-                              bool(table.get("quant") and head.get("quant")), table.get("graph", "main"),
-                              head.get("graph", "main"), _head_lookup(model, relation, table, head)))
+            pairs.append(Pair(table.initializer, head.initializer, relation, wasted, same.label(head),
+                              head.flips > 0 or table.flips > 0, table, head, gap,
+                              bool(table.quant and head.quant), table.graph,
+                              head.graph, _head_lookup(model, relation, table, head)))
     return pairs
 
 
@@ -124,9 +119,9 @@ def _head_lookup(model, relation, table, head):
     """For a float table and its quantized head, a headcodes.HeadLookup (whether --lookup-from-head can make the
     lookup read the head's codes, and why not); for a quantized table and its float head, one that says why no
     share is made; None for every other pair."""
-    if relation != "quantized_copy" or bool(table.get("quant")) == bool(head.get("quant")):
+    if relation != "quantized_copy" or bool(table.quant) == bool(head.quant):
         return None
-    if table.get("quant"):  # the other way round: never shared
+    if table.quant:  # the other way round: never shared
         return headcodes.HeadLookup(headcodes.REVERSE)
     return headcodes.HeadLookup(headcodes.why_not(model, table, head))
 
@@ -145,10 +140,10 @@ class _Classes:
         return self.known[key]
 
     def as_table(self, entry):
-        return self._fact(entry, "as_table", stored_as_table)
+        return self._fact(entry, "as_table", lambda e: e.rows_are_tokens)
 
     def label(self, entry):
-        return self._fact(entry, "label", lambda e: label(e["node"]))
+        return self._fact(entry, "label", lambda e: label(e.node))
 
     def __call__(self, a, b, fingerprint=True):
         """Whether entries `a` and `b` hold the same values (Values.same)."""
@@ -171,9 +166,9 @@ class Digests:
         self.model, self.known = model, {}
 
     def __call__(self, entry):
-        key = (entry["initializer"], stored_as_table(entry))
+        key = (entry.initializer, entry.rows_are_tokens)
         if key not in self.known:
-            self.known[key] = self._digest(self.model.tensors[entry["initializer"]], key[1])
+            self.known[key] = self._digest(self.model.tensors[entry.initializer], key[1])
         return self.known[key]
 
     @staticmethod
@@ -210,7 +205,7 @@ class Values:
     def of(self, model, digests, entry):
         """The class of `entry` (a table or head of `model`, fingerprinted by `digests`), or None where there is no
         fingerprint (packed codes stored the other way round: told apart by nothing short of unpacking)."""
-        tensor, as_table = model.tensors[entry["initializer"]], stored_as_table(entry)
+        tensor, as_table = model.tensors[entry.initializer], entry.rows_are_tokens
         key = (id(tensor), as_table)
         if key not in self.classes:
             digest = digests(entry)
@@ -230,8 +225,8 @@ class Values:
         False: compared straight away (the only two tensors of their shape: a class would cost a read more)."""
         ca, cb = (self.of(model, digests, a), self.of(model, digests, b)) if fingerprint else (None, None)
         if ca is None or cb is None:  # no fingerprint: compared as they lie
-            return same_values(model.tensors[a["initializer"]], model.tensors[b["initializer"]],
-                               transposed=stored_as_table(a) != stored_as_table(b))
+            return same_values(model.tensors[a.initializer], model.tensors[b.initializer],
+                               transposed=a.rows_are_tokens != b.rows_are_tokens)
         return ca == cb
 
 
@@ -240,28 +235,28 @@ ROUNDING = 1 + 2**-10  # half a scale rounding to nearest, up to one where a cod
 
 def _float_rows(model, entry):
     """A float table or head's values [vocab, width] (a memory-mapped view), or None for another type."""
-    tensor = model.tensors[entry["initializer"]]
+    tensor = model.tensors[entry.initializer]
     if tensor.data_type not in FLOATS or len(tensor.dims) != 2:
         return None
     values = tensor.values()
-    return values if stored_as_table(entry) else values.T
+    return values if entry.rows_are_tokens else values.T
 
 
 def quantized_relation(model, table, head, transposed):
     """(relation, wasted bytes, difference in scales) of a pair where one side or both are quantized: `table` and
     `head` entries of `model` (whose tensors may be two files', folder.relate_files)."""
-    a, b = table.get("quant"), head.get("quant")
+    a, b = table.quant, head.quant
     if a and b:
         mine = {b.codes, b.scale, b.zero_point} - {a.codes, a.scale, a.zero_point, None}  # the head's own tensors
         wasted = sum(model.tensors[n].nbytes for n in mine if n in model.tensors)
-        if quantized.same_quantized(model, a, b, table["vocab"]):
+        if quantized.same_quantized(model, a, b, table.vocab):
             return ("transposed_duplicate" if transposed else "duplicate"), wasted, None
-        gap = quantized.gap_between(model, a, b, table["vocab"])  # two quantizations of one float table?
+        gap = quantized.gap_between(model, a, b, table.vocab)  # two quantizations of one float table?
         if gap is not None and gap <= ROUNDING:
             return "quantized_copy", wasted, round(gap, 4)
         return "distinct", 0, None
     rows = _float_rows(model, head if a else table)
-    gap = None if rows is None else quantized.gap(model, rows, a or b, table["vocab"])
+    gap = None if rows is None else quantized.gap(model, rows, a or b, table.vocab)
     if gap is not None and gap <= ROUNDING:
         return "quantized_copy", 0, round(gap, 4)
     return "distinct", 0, None

@@ -21,11 +21,11 @@ def parameters(model, tables, heads, pairs):
             if i < len(node.input):
                 skipped.add(node.input[i])
     for entry in tables + heads:  # a scale found past the op (MatMulInteger's) is not an input of it
-        quant = entry.get("quant")
+        quant = entry.quant
         if quant is not None:
             skipped.update(n for n in (quant.scale, quant.zero_point) if n)
-    logical = {e["initializer"]: e["vocab"] * e["width"] for e in tables + heads if e.get("quant") or
-               e["format"] == "int4"}
+    logical = {e.initializer: e.vocab * e.width for e in tables + heads if e.quant or
+               e.format == "int4"}
     decoded = {n.input[0] for n in model.proto.graph.node if n.op_type == "DequantizeLinear" and n.input}
     count = 0
     for tensor in model.tensors.values():
@@ -48,7 +48,7 @@ def scalar_constant(name, producer, model):
 def row_scale(model, table, producer, consumers):
     """(constant, whether it is sqrt(width) to bfloat16's precision) when the looked-up rows are multiplied by a
     scalar constant (past a Slice, Reshape or Cast), else (None, None)."""
-    out = table["node"].output[0] if table["node"].output else None
+    out = table.node.output[0] if table.node.output else None
     for _ in range(4):
         readers = [r for r in consumers.get(out, []) if r.op_type != "Shape"]  # a Shape reads no values
         if len(readers) != 1:
@@ -59,7 +59,7 @@ def row_scale(model, table, producer, consumers):
             value = scalar_constant(other[0], producer, model) if len(other) == 1 else None
             if value is None:
                 return None, None
-            return value, abs(value / math.sqrt(table["width"]) - 1) <= 2**-8
+            return value, abs(value / math.sqrt(table.width) - 1) <= 2**-8
         if node.op_type not in _ROW_PASS or not node.output:
             return None, None
         out = node.output[0]
@@ -70,7 +70,7 @@ def kind(model, table, producer, most=256):
     """"position" when what feeds the lookup comes from a graph input named for positions or is computed by a Range
     or CumSum (positions counted from the mask); else "token"."""
     inputs = {v.name for v in model.proto.graph.input}
-    seen, todo = set(), [lookup_ids(table)] if table.get("ids") or len(table["node"].input) > 1 else []
+    seen, todo = set(), [lookup_ids(table)] if table.ids or len(table.node.input) > 1 else []
     while todo and len(seen) < most:
         name = todo.pop()
         if name in seen:

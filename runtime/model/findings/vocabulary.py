@@ -25,32 +25,32 @@ def vocabulary(model, tables, heads, pairs, copies, held, version):
     for p in pairs:
         by_table.setdefault(p.table, []).append(p)
     for table in tables:
-        mine = by_table.get(table["initializer"], [])
+        mine = by_table.get(table.initializer, [])
         tie = next((p for p in mine if p.relation == "shared"), None) or next(
             (p for p in mine if p.relation in ("duplicate", "transposed_duplicate")), None)
-        stored = {table["initializer"]} | ({tie.head} if tie else set())
-        producer, consumers = table["producer"], table["consumers"]  # its own scope's (a body's sees outer ones)
+        stored = {table.initializer} | ({tie.head} if tie else set())
+        producer, consumers = table.producer, table.consumers  # its own scope's (a body's sees outer ones)
         scale, is_sqrt = shares.row_scale(model, table, producer, consumers)
         quantized_head = next((p for p in mine if p.relation == "quantized_copy"), None)
         folded = [copy_key(c) for c in copies if c.get("copy_of") in stored and c.get("view") != "prepacked"]
         stored_bytes = sum(model.tensors[n].nbytes for n in stored)
-        others = total_bytes - stored_bytes - (table["bytes"] - model.tensors[table["initializer"]].nbytes)  # the
+        others = total_bytes - stored_bytes - (table.bytes - model.tensors[table.initializer].nbytes)  # the
         # table's scales are its bytes too; the other weights as the session holds them (widened where it widens)
-        memory = held(sorted(stored) + folded, table["bytes"], others + widened_others(model, copies, stored))
-        entries.append({"table": table["initializer"], "graph": table.get("graph", "main"),
-                        "vocab_size": table["vocab"], "width": table["width"],
-                        "format": table["format"], "bytes": table["bytes"], "tied": tie is not None,
+        memory = held(sorted(stored) + folded, table.bytes, others + widened_others(model, copies, stored))
+        entries.append({"table": table.initializer, "graph": table.graph,
+                        "vocab_size": table.vocab, "width": table.width,
+                        "format": table.format, "bytes": table.bytes, "tied": tie is not None,
                         "head": tie.head if tie else None, "tie_relation": tie.relation if tie else None,
                         "tables_in_memory": memory["defaults"]["copies"],
                         "quantized_head": quantized_head and {"head": quantized_head.head,
                                                               "max_error_in_scales": quantized_head.max_error_in_scales,
                                                               "wasted_bytes": quantized_head.wasted_bytes},
                         "in_memory": memory,
-                        "parameter_share": round(table["vocab"] * table["width"] / params, 4) if params else None,
+                        "parameter_share": round(table.vocab * table.width / params, 4) if params else None,
                         "parameters_counted": params, "parameters_what": counted,
                         "row_scale": scale, "row_scale_is_sqrt_width": is_sqrt,
                         "kind": shares.kind(model, table, producer),
-                        "padded_width": table.get("padded_width"),
-                        "byte_share": round(table["bytes"] / total_bytes, 4) if total_bytes else None,
+                        "padded_width": table.padded_width,
+                        "byte_share": round(table.bytes / total_bytes, 4) if total_bytes else None,
                         "onnxruntime": version})  # whose folding and prepacking the counts describe
     return entries

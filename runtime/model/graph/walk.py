@@ -7,6 +7,7 @@ from onnx import TensorProto
 from graphs.precision import format_name
 from graphs.tie import viewed_dims
 from runtime.model.graph.constants import small_ints
+from runtime.model.graph.entries import HeadEntry, TableEntry
 from runtime.model.graph.ops import INTEGER_MATMULS, MATMULS
 from runtime.model.graph.quantized import Quant, attribute, dq_quant, gathered_quant, gbq_quant, integer_quant
 from runtime.model.graph.reach import ScoredOutputs
@@ -78,9 +79,21 @@ class Blocks(NamedTuple):
     width: int
 
 
-def _entry(model, found, node, role, blocks=None):
-    """A table or head as found: its initializer, the op, the view taken, logical [vocab, width] and its bytes;
-    `blocks` where the op gives them (a plain float table's are its 2-D dims, as read)."""
+class Scope(NamedTuple):
+    """One scope of the graph as the finders read it: its path, body and maps (graph.scopes), the Resolver of its
+    weights, and the ScoredOutputs of its heads."""
+    path: str
+    body: object
+    producer: dict
+    consumers: dict
+    resolve: Resolver
+    scored: ScoredOutputs
+
+
+def _entry(model, found, node, role, scope, blocks=None):
+    """The fields an Entry (graph.entries) shares, as keywords, for the table or head found: its initializer, the op,
+    the view taken, logical [vocab, width] and its bytes, and its scope; `blocks` where the op gives them (a plain
+    float table's are its 2-D dims, as read). None where it has no rows or no columns, or no 2-D [vocab, width]."""
     tensor = model.tensors[found[0]]
     scales, bits, vocab, width = blocks or (None, None, None, None)
     if vocab is None:  # a plain 2-D float table: [vocab, width] as stored, or [width, vocab] read transposed
@@ -91,71 +104,57 @@ def _entry(model, found, node, role, blocks=None):
     if not vocab or not width:  # no rows or no columns: nothing is looked up or scored
         return None
     scale_bytes = model.tensors[scales].nbytes if scales in model.tensors else 0
-    return {"initializer": found[0], "node": node, "flips": found[1], "views": list(found[2]), "stored_dims": tensor.dims,
-            "vocab": vocab,
-            "width": width, "format": _format(tensor, bits), "scales": scales, "bytes": tensor.nbytes + scale_bytes}
+    return {"initializer": found[0], "node": node, "flips": found[1], "views": tuple(found[2]),
+            "stored_dims": tuple(tensor.dims), "vocab": vocab, "width": width, "format": _format(tensor, bits),
+            "scales": scales, "bytes": tensor.nbytes + scale_bytes, "graph": scope.path, "body": scope.body,
+            "producer": scope.producer, "consumers": scope.consumers}
 
 
 def find_tables_and_heads(model):
-    """Tables (what a Gather or GatherBlockQuantized reads rows from, or a MatMul multiplies a OneHot of ids by) and
-    heads (the weight of a MatMul, Gemm, FusedMatMul, MatMulNBits or an integer matmul: MatMulInteger,
-    DynamicQuantizeMatMul, QLinearMatMul), each a dict from _entry, for a checked Model, in the main graph and in
-    every subgraph (an If branch of a merged decoder reads the main graph's initializers as outer-scope values):
-    each says its `graph` (scopes' path), `body` (that GraphProto) and `producer` / `consumers` (its scope's maps);
-    heads also say `as_table` (stored [vocab, width]); quantized ones carry `quant` (a quantized.Quant: how to read
-    their values back). A body's own initializers are not followed (none of the exporters tried writes any)."""
+    """([TableEntry], [HeadEntry]) of a checked Model (graph.entries): tables (what a Gather or GatherBlockQuantized
+    reads rows from, or a MatMul multiplies a OneHot of ids by) and heads (the weight of a MatMul, Gemm, FusedMatMul,
+    MatMulNBits or an integer matmul: MatMulInteger, DynamicQuantizeMatMul, QLinearMatMul), in the main graph and in
+    every subgraph (an If branch of a merged decoder reads the main graph's initializers as outer-scope values). A
+    body's own initializers are not followed (none of the exporters tried writes any)."""
     tables, heads, seen = [], [], set()
     for path, graph, order, producer, consumers in scopes(model.proto.graph):
         local = {t.name for t in graph.initializer} if path != "main" else set()
         weights = {k: v for k, v in model.tensors.items() if k not in local} if local else model.tensors
-        found_here = _find(model, order, producer, consumers, Resolver(producer, weights), seen)
-        for entry in found_here[0] + found_here[1]:
-            entry.update(graph=path, body=graph, producer=producer, consumers=consumers)
-        scored = ScoredOutputs(producer, consumers, graph)  # one walk of the scope for all its heads
-        for entry in found_here[1]:
-            entry["scores"] = scored(entry["node"])  # the output, or None
-        tables += found_here[0]
-        heads += found_here[1]
+        scope = Scope(path, graph, producer, consumers, Resolver(producer, weights),
+                      ScoredOutputs(producer, consumers, graph))  # one walk of the scope for all its heads
+        for node in order:  # each node asked first whether it looks rows up, then whether it scores with a weight
+            lookup = _LOOKUPS.get(node.op_type)
+            entry = lookup(model, node, scope, seen) if lookup else None
+            if entry:
+                seen.add(entry.initializer)
+                tables.append(entry)
+                continue
+            head = _HEADS.get(node.op_type)
+            entry = head(model, node, scope) if head else None
+            if entry:
+                heads.append(entry)
     return tables, heads
 
 
-
-
-def _find(model, order, producer, consumers, resolve, seen):
-    """The tables and heads of one scope (find_tables_and_heads); `seen`: initializers already found as tables.
-    Each node is asked first whether it looks rows up (_LOOKUPS), then whether it scores with a weight (_HEADS)."""
-    tables, heads = [], []
-    for node in order:
-        lookup = _LOOKUPS.get(node.op_type)
-        entry = lookup(model, node, producer, consumers, resolve, seen) if lookup else None
-        if entry:
-            seen.add(entry["initializer"])
-            tables.append(entry)
-            continue
-        head = _HEADS.get(node.op_type)
-        entry = head(model, node, producer, consumers, resolve) if head else None
-        if entry:
-            heads.append(entry)
-    return tables, heads
-
-
-def _gather(model, node, producer, consumers, resolve, seen):
+def _gather(model, node, scope, seen):
     """Gather(table, ids): rows of a float table, of codes decoded on the way (QDQ), or of codes decoded after."""
-    found = resolve(node.input[0]) if len(node.input) >= 2 else None
-    entry = _entry(model, found, node, "table") if found and found[0] not in seen else None
-    if entry and "DequantizeLinear" in found[2]:  # QDQ: codes decoded on the way to the lookup
-        entry["quant"] = dq_quant(model, found[0], consumers, found[1] % 2 == 0, entry["width"])
-    elif entry:  # integer codes decoded after the lookup (quantize_dynamic's Gather), or plain floats
-        entry["quant"] = gathered_quant(model, found[0], node, found[1] % 2, entry["width"], producer, consumers)
-    return entry
+    found = scope.resolve(node.input[0]) if len(node.input) >= 2 else None
+    fields = _entry(model, found, node, "table", scope) if found and found[0] not in seen else None
+    if fields is None:
+        return None
+    if "DequantizeLinear" in found[2]:  # QDQ: codes decoded on the way to the lookup
+        quant = dq_quant(model, found[0], scope.consumers, found[1] % 2 == 0, fields["width"])
+    else:  # integer codes decoded after the lookup (quantize_dynamic's Gather), or plain floats
+        quant = gathered_quant(model, found[0], node, found[1] % 2, fields["width"], scope.producer, scope.consumers)
+    return TableEntry(**fields, quant=quant)
 
 
-def _gather_block_quantized(model, node, producer, consumers, resolve, seen):
+def _gather_block_quantized(model, node, scope, seen):
     """GatherBlockQuantized(codes, ids, scales): rows of block-quantized codes, maybe padded to whole blocks."""
-    found = resolve(node.input[0]) if len(node.input) >= 3 else None
+    found = scope.resolve(node.input[0]) if len(node.input) >= 3 else None
     if not found or found[0] in seen:
         return None
-    scales = resolve(node.input[2])
+    scales = scope.resolve(node.input[2])
     block = attribute(node, "block_size", 128)
     rows = model.tensors[found[0]].dims
     blocks = model.tensors[scales[0]].dims if scales else []
@@ -163,74 +162,72 @@ def _gather_block_quantized(model, node, producer, consumers, resolve, seen):
     codes = model.tensors[found[0]]
     if len(rows) == 2 and codes.data_type in (TensorProto.INT4, TensorProto.UINT4):
         width = min(width, rows[1])  # one block wider than the row: the codes' own columns are the width
-    entry = _entry(model, found, node, "table", Blocks(scales[0], attribute(node, "bits", 4), rows[0], width)
-                   ) if width > 0 and rows and rows[0] > 0 else None
-    if entry:
-        kept = _sliced_width(node, width, producer, consumers, model)
-        if kept < width:  # codes padded to whole blocks, the rows cut back to the true width
-            entry.update(width=kept, padded_width=width)
-        entry["quant"] = gbq_quant(node, found[0], scales[0], model.tensors[found[0]], block, kept)
-    return entry
+    fields = _entry(model, found, node, "table", scope, Blocks(scales[0], attribute(node, "bits", 4), rows[0], width)
+                    ) if width > 0 and rows and rows[0] > 0 else None
+    if fields is None:
+        return None
+    kept = _sliced_width(node, width, scope.producer, scope.consumers, model)
+    padded = width if kept < width else None  # codes padded to whole blocks, the rows cut back to the true width
+    return TableEntry(**{**fields, "width": kept}, padded_width=padded,
+                      quant=gbq_quant(node, found[0], scales[0], model.tensors[found[0]], block, kept))
 
 
-def _one_hot_product(model, node, producer, consumers, resolve, seen):
+def _one_hot_product(model, node, scope, seen):
     """MatMul(one_hot(ids), table): a lookup by multiplication, rows are tokens."""
-    ids = _one_hot_ids(node.input[0], producer) if len(node.input) == 2 else None
-    found = resolve(node.input[1]) if ids else None
-    entry = _entry(model, found, node, "table") if found and found[1] % 2 == 0 and found[0] not in seen else None
-    if entry:
-        entry["ids"] = ids
-    return entry
+    ids = _one_hot_ids(node.input[0], scope.producer) if len(node.input) == 2 else None
+    found = scope.resolve(node.input[1]) if ids else None
+    fields = _entry(model, found, node, "table", scope) if found and found[1] % 2 == 0 and found[0] not in seen \
+        else None
+    return fields and TableEntry(**fields, quant=None, ids=ids)
 
 
-def _matmul_head(model, node, producer, consumers, resolve):
+def _matmul_head(model, node, scope):
     """The weight of a MatMul, Gemm or FusedMatMul, stored [vocab, width] when its transposes and transB add up
     odd; codes decoded on the way (QDQ) carry their quant."""
-    weight = resolve(node.input[1]) if len(node.input) >= 2 else None
-    entry = _entry(model, weight, node, "head") if weight else None
-    if entry is None:
+    weight = scope.resolve(node.input[1]) if len(node.input) >= 2 else None
+    fields = _entry(model, weight, node, "head", scope) if weight else None
+    if fields is None:
         return None
     transposed = MATMULS[node.op_type].transposed
     trans_b = attribute(node, transposed, 0) if transposed else 0
-    entry["as_table"] = (weight[1] + trans_b) % 2 == 1
+    as_table = (weight[1] + trans_b) % 2 == 1
     if trans_b:
-        entry["vocab"], entry["width"] = entry["width"], entry["vocab"]
-    if "DequantizeLinear" in weight[2]:  # QDQ: the codes, decoded on the way to the matmul
-        entry["quant"] = dq_quant(model, weight[0], consumers, entry["as_table"], entry["width"])
-    return entry
+        fields.update(vocab=fields["width"], width=fields["vocab"])
+    quant = dq_quant(model, weight[0], scope.consumers, as_table, fields["width"]) \
+        if "DequantizeLinear" in weight[2] else None  # QDQ: the codes, decoded on the way to the matmul
+    return HeadEntry(**fields, quant=quant, as_table=as_table, scores=scope.scored(node))
 
 
-def _matmul_nbits_head(model, node, producer, consumers, resolve):
+def _matmul_nbits_head(model, node, scope):
     """MatMulNBits' [N, K] blocks of codes: rows are tokens."""
-    weight = resolve(node.input[1]) if len(node.input) >= 3 else None
+    weight = scope.resolve(node.input[1]) if len(node.input) >= 3 else None
     if not weight:
         return None
     if not all(isinstance(attribute(node, k), int) and attribute(node, k) > 0 for k in ("N", "K")):
         raise InspectError(f"MatMulNBits node {label(node)!r} has no positive N and K: not a valid model")
-    scales = resolve(node.input[2])
-    entry = _entry(model, weight, node, "head", Blocks(scales and scales[0], attribute(node, "bits", 4),
-                                                       attribute(node, "N"), attribute(node, "K")))
-    entry["as_table"] = True  # MatMulNBits keeps [N, K] blocks: rows are tokens
-    entry["quant"] = Quant(weight[0], scales and scales[0], node.input[3] if len(node.input) > 3 else None,
-                           attribute(node, "bits", 4), True, width=attribute(node, "K") or 0)
-    return entry
+    scales = scope.resolve(node.input[2])
+    fields = _entry(model, weight, node, "head", scope, Blocks(scales and scales[0], attribute(node, "bits", 4),
+                                                               attribute(node, "N"), attribute(node, "K")))
+    quant = Quant(weight[0], scales and scales[0], node.input[3] if len(node.input) > 3 else None,
+                  attribute(node, "bits", 4), True, width=attribute(node, "K") or 0)
+    return HeadEntry(**fields, quant=quant, as_table=True,  # MatMulNBits keeps [N, K] blocks: rows are tokens
+                     scores=scope.scored(node))
 
 
-def _integer_head(model, node, producer, consumers, resolve):
-    """A head entry for an integer matmul's weight [width, vocab] (codes, decoded by its scale and zero point)."""
+def _integer_head(model, node, scope):
+    """A head for an integer matmul's weight [width, vocab] (codes, decoded by its scale and zero point)."""
     index = MATMULS[node.op_type].weight
-    weight = resolve(node.input[index]) if len(node.input) > index and node.input[index] else None
-    entry = _entry(model, weight, node, "head") if weight else None
-    if entry is None:
+    weight = scope.resolve(node.input[index]) if len(node.input) > index and node.input[index] else None
+    fields = _entry(model, weight, node, "head", scope) if weight else None
+    if fields is None:
         return None
-    entry["as_table"] = weight[1] % 2 == 1
-    entry["quant"] = integer_quant(node, weight[0], weight[1] % 2, entry["width"], producer, consumers, model)
-    return entry
+    quant = integer_quant(node, weight[0], weight[1] % 2, fields["width"], scope.producer, scope.consumers, model)
+    return HeadEntry(**fields, quant=quant, as_table=weight[1] % 2 == 1, scores=scope.scored(node))
 
 
 def lookup_ids(table):
-    """The input a table entry's lookup takes its ids from (Gather's indices, or what its OneHot encodes)."""
-    return table.get("ids") or table["node"].input[1]
+    """The input a TableEntry's lookup takes its ids from (Gather's indices, or what its OneHot encodes)."""
+    return table.ids or table.node.input[1]
 
 
 def _one_hot_ids(name, producer):
