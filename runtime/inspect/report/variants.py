@@ -69,7 +69,7 @@ def variants_report(folder, found, out, verbose=False):
         for line in block[1:]:
             w(line)
     w("")
-    w(f"{folder}: {len(found)} dtype variant(s), each a client load of its own")
+    w(f"{folder}: {len(found)} dtype{'s' if len(found) != 1 else ''}, a client loads one")
     rows = [_COLUMNS] + [_row(entry) for entry in entries]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
     for r in rows:
