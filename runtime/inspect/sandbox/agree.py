@@ -96,16 +96,17 @@ def last_position(run, names):
 ULPS_PER_OP = 8  # what one float32 elementwise op adds, each side: 1/2 ulp rounding, MLAS's Tanh a few more
 
 
-def chains(model, head_of):
+def chains(model, head_of, walked=None):
     """{output: [(head output, Lipschitz constant, ops)]}: each output (a graph output, or the head's own) that a
     rewritten head's output reaches through elementwise ops whose change of their input is bounded by a constant
     factor: Div / Mul by a scalar constant (1/|c|, |c|), Add / Sub of a constant of any shape (1), Tanh, Identity
     and a Cast to float32 or float64 (1, and no op: it widens a float32, float16 or bfloat16 head's values exactly;
     a Cast to a narrower type ends the chain), as the soft-capped logits of Gemma2 (30 tanh(x / 30)) and the biased
     logits of BART and Marian are; from an If branch's output on through its If node's (both branches' heads then
-    reach the same output: the run says which branch ran)."""
+    reach the same output: the run says which branch ran). `walked`: list(scopes(model.proto.graph)), where a
+    caller asks more than once (one walk of the graphs for each)."""
     maps, branch_of, starts = {}, {}, []
-    for path, body, order, producer, consumers in scopes(model.proto.graph):
+    for path, body, order, producer, consumers in walked or scopes(model.proto.graph):
         maps[path] = (body, producer, consumers)
         for node in order:
             if node.op_type == "If":

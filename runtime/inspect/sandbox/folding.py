@@ -21,11 +21,11 @@ def _nbytes(tensor):
     return (math.prod(tensor.dims) * BITS.get(tensor.data_type, 64) + 7) // 8
 
 
-def made_at_load(proto, sizes):
+def made_at_load(sizes):
     """Whether the optimized model must be written with its data for the parent to compare a copy's values: where
     any copy is looked for (`sizes` None). A copy of one of `sizes` elements that constant folding makes of a
     weight, or the CPU provider's float32 widening of a float16 / bfloat16 one, is told by its node instead
-    (folded_from()); `proto` is the model's shell, whose graph decides it."""
+    (folded_from()), so the graph need not be read to decide it."""
     return sizes is None
 
 

@@ -16,19 +16,18 @@ FUSED_INTO_MATMUL = ("Transpose", "Cast", "Reshape", "Flatten", "Squeeze", "Unsq
 
 
 def shown_ahead(proto, heads):
-    """The hidden vectors `heads` (the main graph's heads shaped as a table: walk's dicts) read, to be shown as
+    """The hidden vectors `heads` (the main graph's heads shaped as a table: HeadEntry) read, to be shown as
     outputs of the original `proto`, or None where showing one could change what onnxruntime's optimizer makes of
     the graph: a head whose product is not already a graph output (MatMul + Add -> Gemm and the like need it to
     be no output), a hidden vector that no node makes, or one made by an op fused into the matmul reading it
     (FUSED_INTO_MATMUL, or a Mul / Div with a constant, which MatMulScaleFusion folds into it)."""
     outputs = {o.name for o in proto.graph.output}
-    producers = {out: node for node in proto.graph.node for out in node.output}
     constants = {t.name for t in proto.graph.initializer if math.prod(t.dims) == 1} | {
         out for node in proto.graph.node if node.op_type == "Constant" for out in node.output}
     names = set()
     for head in heads:
         node = head.node
-        made = producers.get(node.input[0])
+        made = head.producer.get(node.input[0])  # its scope's map, the main graph's
         if node.output[0] not in outputs or made is None or made.op_type in FUSED_INTO_MATMUL or (
                 made.op_type in ("Mul", "Div") and constants.intersection(made.input)):
             return None

@@ -5,8 +5,8 @@ opens sessions on an untrusted model and runs onnx's shape inference on it."""
 from typing import NamedTuple
 
 import numpy as np
-import onnx
 
+from runtime.model.graph.scopes import scopes
 from runtime.model.read.checked import source
 from runtime.model.read.model import load
 from runtime.inspect.sandbox import agree, headrows
@@ -76,7 +76,8 @@ def prove(job):
               for name, transposed in flipped.items()}  # each [vocab, width], memory-mapped
     hidden_names = sorted({r.hidden for r in rewritten if r.hidden})  # None: no head rewritten
     head_of = {r.output: (r.hidden, r.table) for r in rewritten if r.output}
-    chains = agree.chains(before, head_of)
+    walked = list(scopes(before.proto.graph))  # the original's graphs walked once: --logits-to-keep asks twice
+    chains = agree.chains(before, head_of, walked)
     watched = hidden_names + sorted(h for h in head_of if h not in {o.name for o in before.proto.graph.output})
     feed_sets = proof_feeds(job, before.proto)
     feeds_only = [f for *_, f in feed_sets]
@@ -111,7 +112,7 @@ def prove(job):
     if not keep:
         return Proven(failures, figures, None, drift, heads, written)
     every.update({out: (hidden, table) for out, (hidden, table, _) in nbits.items()})
-    more, exact = _last_failures(before, keep, every, nbits, tables, zip(feed_sets, olds, lasts, all_bounds))
+    more, exact = _last_failures((before, walked), keep, every, nbits, tables, zip(feed_sets, olds, lasts, all_bounds))
     formats = sorted({np.dtype(old[n].dtype).name for old in olds for n in keep["outputs"] if n in old})
     return Proven(failures + more, figures, {"exact": exact, "formats": formats}, drift, heads, written)
 
@@ -149,10 +150,12 @@ def _kept_heads(keep, before, tables):
     return kept_heads, nbits
 
 
-def _last_failures(before, keep, every, nbits, tables, runs):
+def _last_failures(original, keep, every, nbits, tables, runs):
     """(failures, whether the kept outputs are bit for bit) at k = 1: each of `runs` [((what, feeds), the original's
-    outputs, the retied model's at k = 1, agree.bounds' entry)] against the original's last position."""
-    failures, last_chains, exact = [], agree.chains(before, every), True
+    outputs, the retied model's at k = 1, agree.bounds' entry)] against the original's last position; `original`:
+    (its Model, its graphs walked: scopes')."""
+    before, walked = original
+    failures, last_chains, exact = [], agree.chains(before, every, walked), True
     runs = [(said, agree.last_position(old, set(keep["outputs"]) | set(every) | {h for h, _ in every.values()}),
              new, {key: b[..., -1:, :] for key, b in bounds.items()}) for (said, _), old, new, bounds in runs]
     for hidden, table, how in nbits.values():  # each table decoded once for every run
@@ -235,7 +238,7 @@ def _retied(job, first):
     added after a run on the feeds `first` (resident.session_growth's figures) where job["measure"], else None;
     whether it wrote the data). It writes its optimized model's layout to job["layout"] where the job names one,
     with the data where a tensor whose values the parent compares will be made (folding.made_at_load)."""
-    data = bool(job.get("layout")) and made_at_load(_shell(job["after"]), job.get("sizes"))
+    data = bool(job.get("layout")) and made_at_load(job.get("sizes"))
     if job.get("measure"):
         kept = []
         figures = sessions_growth([(job["after"], None, first, job.get("layout"), data)], measure=resident, keep=kept)
@@ -243,11 +246,6 @@ def _retied(job, first):
     if job.get("layout"):
         return layout_session(job["after"], job["layout"], data=data), None, data
     return Runner(job["after"]).session, None, False
-
-
-def _shell(path):
-    """The ModelProto of the retied model at `path`, its external data not read."""
-    return onnx.load(path, load_external_data=False)
 
 
 def _branch_feeds(model, rows, shape, sequence, past):

@@ -76,7 +76,7 @@ def measure(job):
                                                     job)
         owned = 0
     else:  # with its data at once where a copy to compare will be made (folding.made_at_load)
-        written = folding.made_at_load(proto, job.get("sizes"))
+        written = folding.made_at_load(job.get("sizes"))
         figures, saved = ahead.measured_showing(job, (model, folder), proto, feeds, written)
         owned, unrecorded = None, None
     layout = _proto(job["layout"])
@@ -111,7 +111,7 @@ def _written_apart(shell, path, proto, sizes, job=None):
     prepacking on: a MatMul on a packed weight sums in another order.)"""
     from runtime.inspect.sandbox import probed
     from runtime.optimized import layout_session, write_optimized_layout, write_optimized_model
-    data = folding.made_at_load(proto, sizes)
+    data = folding.made_at_load(sizes)
     shown, model = ahead.shown_copy(proto, job["proving"]["show"]) if (job or {}).get("proving") else (None, None)
     packing = data or model is not None or not probed.packing_off(proto)
     if model is not None:  # the same session runs the proof's feeds: the proof loads the original no more
@@ -179,7 +179,7 @@ def measure_together(job):
         layout = part.get("layout")
         inline = layout and _layout_apart(part, model, shell[0], proto)
         models.append((model, folder, first_feeds(proto, part["rows"], part["shape"]), None if inline else layout,
-                       bool(layout) and not inline and folding.made_at_load(proto, part["sizes"])))
+                       bool(layout) and not inline and folding.made_at_load(part["sizes"])))
         protos.append(proto if layout else None)
         shells.append(shell)
         later += [(shell, layout, proto, part)] if inline else []
