@@ -109,11 +109,11 @@ def folder_verdict(result):
         kind = _kind(v["copies_on_disk"], held)
         if kind is None:
             continue
-        names = {(it["file"], e.initializer) for it, e, _ in v["members"]}
+        names = {(m.item["file"], m.entry.initializer) for m in v["members"]}
         pairs = [ties[n][1] for n in sorted(n for name in names for n in by_table.get(name, []))]  # files' order
         files = {s["file"] for s in v["stored"]}
-        widened = v["format"] if any(_widened(it["info"].runtime_copies, e.initializer)
-                                     for it, e, _ in v["members"]) else None
+        widened = v["format"] if any(_widened(m.item["info"].runtime_copies, m.entry.initializer)
+                                     for m in v["members"]) else None
         fix, why = _remedies(pairs, kind, widened) if pairs and len(files) == 1 else (RETIE, None)
         found.append(_entry(kind, v, v["file"], (v["copies_on_disk"], held, v["wasted_bytes"]), (fix, why)))
     return found + [e for it in result["items"] for e in quantized_copies(it["info"], it["file"]) +

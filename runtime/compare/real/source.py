@@ -86,11 +86,12 @@ def _onnx_table(path, name):
     group = next((g for g in groups if name in (None, g["table"])), None)
     if group is None:
         raise InspectError(f"--table {name}: not a token table of {path} (its token tables: {', '.join(names)})")
-    item, entry, _ = next(m for m in group["members"] if m.role == "lookup")
-    quant = entry.quant or next((e.quant for _, e, _ in group["members"]  # a head decoding the same codes
-                                 if e.initializer == entry.initializer and e.quant), None)
+    lookup = next(m for m in group["members"] if m.role == "lookup")
+    item, entry = lookup.item, lookup.entry
+    quant = entry.quant or next((m.entry.quant for m in group["members"]  # a head decoding the same codes
+                                 if m.entry.initializer == entry.initializer and m.entry.quant), None)
     vocabulary = next(v for v in item["info"].vocabulary if v["table"] == entry.initializer)
-    heads = [e.initializer for _, e, role in group["members"] if role == "head"]
+    heads = [m.entry.initializer for m in group["members"] if m.role == "head"]
     head = heads[0] if heads else (entry.initializer if group["tied"] else None)
     scored = group["tied"] or any(h.vocab == entry.vocab for it in items for h in it["info"].heads)
     model = item["model"]

@@ -243,10 +243,12 @@ def _borrowed_tables(result, say):
     for group in result["across"]["vocabulary"]:
         if group["kind"] != "token":
             continue
-        owner, table, _ = next(m for m in group["members"] if m.role == "lookup")
-        looked_up = {it["file"] for it, _, role in group["members"] if role == "lookup"}
-        for item, head, role in group["members"]:
-            if role != "head" or item["file"] in looked_up or head.initializer == table.initializer and \
+        lookup = next(m for m in group["members"] if m.role == "lookup")
+        owner, table = lookup.item, lookup.entry
+        looked_up = {m.item["file"] for m in group["members"] if m.role == "lookup"}
+        for member in group["members"]:
+            item, head = member.item, member.entry
+            if member.role != "head" or item["file"] in looked_up or head.initializer == table.initializer and \
                     item is owner:
                 continue
             why = _why_not_borrowed(table, head)

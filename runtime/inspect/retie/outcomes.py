@@ -85,13 +85,13 @@ def _outcomes(result, out, held, place, per_file=False, after=None):
         was = v["in_memory"]["defaults"]["copies"]
         if not (v["copies_on_disk"] > 1 or (was or 0) > 1):
             continue
-        names = {(place[it["file"]], e.initializer) for it, e, _ in v["members"]}
-        names |= {(place[it["file"]], t) for it, e, _ in v["members"] for t in held.get(it["file"], {})
-                  if t.startswith(e.initializer + "_rows")}  # stored anew under retie.rewrite's name for it
+        names = {(place[m.item["file"]], m.entry.initializer) for m in v["members"]}
+        names |= {(place[m.item["file"]], t) for m in v["members"] for t in held.get(m.item["file"], {})
+                  if t.startswith(m.entry.initializer + "_rows")}  # stored anew under retie.rewrite's name for it
         on_disk = _stored_after(out, names)
         each = []  # the copies each file's session holds
         for it in result["items"]:
-            mine = {e.initializer for i, e, _ in v["members"] if i is it}
+            mine = {m.entry.initializer for m in v["members"] if m.item is it}
             if not mine:
                 continue
             counted = [n for t, n in held.get(it["file"], {}).items() if t in mine]

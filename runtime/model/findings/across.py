@@ -198,17 +198,18 @@ def _entries(items):
 def _group(items, members):
     """The across-files vocabulary entry of one table and every copy of it: stored once per distinct bytes (a data
     file's range, or a file's own tensor: one file named twice, or linked, is one file)."""
-    item, table, _ = next(m for m in members if m.role == "lookup")
+    looked_up = next(m for m in members if m.role == "lookup")
+    item, table = looked_up.item, looked_up.entry
     stored, identities = [], set()
-    for it, entry, _ in members:
-        tensor = it["model"].tensors[entry.initializer]
-        identity = tensor.external or (os.path.realpath(it["model"].path), entry.initializer)
+    for m in members:
+        tensor = m.item["model"].tensors[m.entry.initializer]
+        identity = tensor.external or (os.path.realpath(m.item["model"].path), m.entry.initializer)
         if identity not in identities:
             identities.add(identity)
-            stored.append({"file": it["file"], "name": entry.initializer, "bytes": entry.bytes})
+            stored.append({"file": m.item["file"], "name": m.entry.initializer, "bytes": m.entry.bytes})
     readers = []
     for it in items:
-        names = {e.initializer for i, e, _ in members if i is it}
+        names = {m.entry.initializer for m in members if m.item is it}
         for role, found in (("lookup", it["info"].tables), ("head", it["info"].heads)):
             readers += [{"file": it["file"], "node": label(e.node), "role": role, "graph": e.graph}
                         for e in found if e.initializer in names]
@@ -228,7 +229,7 @@ def held_together(group, items, measured, other_bytes):
     for setting, prepacking in counting.SETTINGS.items():
         copies, mapped = 0, set()
         for it in items:
-            names = [e.initializer for i, e, _ in group["members"] if i is it]
+            names = [m.entry.initializer for m in group["members"] if m.item is it]
             if not names:
                 continue
             folded = [copy_key(c) for c in it["info"].runtime_copies
@@ -263,7 +264,7 @@ def tie_finding(group, config, items):
 def quantized_heads(group, items):
     """The heads that hold a token table group's values quantized (`quantized_copy` pairs of its members): a tie a
     quantizer kept up to rounding, not a lost one."""
-    names = {(it["file"], e.initializer) for it, e, _ in group["members"]}
+    names = {(m.item["file"], m.entry.initializer) for m in group["members"]}
     return sorted({p.head for it in items for p in it["info"].pairs
                    if p.relation == "quantized_copy" and (it["file"], p.table) in names})
 
