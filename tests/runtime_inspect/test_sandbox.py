@@ -222,9 +222,10 @@ def test_a_signal_leaves_nothing_behind(tmp_path, sig, code, word):
                                preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))  # a background job (CI)
                                # inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
     deadline = time.monotonic() + 60
-    while not [n for n in os.listdir(scratch) if n.startswith("onnx-lab-")] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)
+    staged = lambda: [n for n in os.listdir(tmp_path) if n.startswith(".saving-")]
+    while not (staged() and _children(scratch)) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # OUT staged beside its name and a child at work on it (the proof): the run is mid-way
+    assert process.poll() is None, "the run ended before it could be signalled"
     process.send_signal(sig)
     err = process.communicate(timeout=120)[1]
     assert process.returncode == code and word in err and "Traceback" not in err, err
@@ -232,8 +233,12 @@ def test_a_signal_leaves_nothing_behind(tmp_path, sig, code, word):
     # must go is the tool's own scratch folder
     assert not [n for n in os.listdir(scratch) if n.startswith(("onnx-lab-", "tmp"))] and not out.exists()
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".saving-")]
-    children = subprocess.run(["pgrep", "-f", str(scratch)], capture_output=True, text=True).stdout
-    assert children == ""  # no isolated child outlives the tool
+    assert _children(scratch) == ""  # no isolated child outlives the tool
+
+
+def _children(scratch):
+    """The processes whose command line names a folder in `scratch` (the tool's isolated children), as pgrep says."""
+    return subprocess.run(["pgrep", "-f", str(scratch)], capture_output=True, text=True).stdout
 
 
 def test_a_signal_while_a_folder_is_proven_in_its_staged_out_leaves_nothing(tmp_path):
