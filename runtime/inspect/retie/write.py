@@ -101,7 +101,7 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
         os.path.abspath(model.path), model.checked, staged, [r._replace(hidden=renamed.get(r.hidden, r.hidden))
                                                              for r in rewritten],
         found["rows"], found["shape"], list(upstream), bool(in_place), optimized, sizes, measure,
-        keep and {k: keep[k] for k in ("input", "outputs", "heads")}, found.get("originals"), replaced), folder)
+        keep and jobs.keeping(keep["input"], keep["outputs"], keep["heads"]), found.get("originals"), replaced), folder)
     try:  # the proof's session of the retied model writes its optimized model's layout: no load of its own
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
         if answer.original is not None:  # nothing about the retie is known: say so, and blame nothing
@@ -165,7 +165,7 @@ def packs(name, prepacked):
 
 
 def head_rows_of(plan, folder):
-    """{float table: {"rows", "transposed"}}: each --lookup-from-head lookup's table as the head dequantizes it,
+    """{float table: jobs.head_rows}: each --lookup-from-head lookup's table as the head dequantizes it,
     written to `folder` as .npy (headlookup.head_rows), its change from the table kept in plan.looked_up["changes"]."""
     entries = {(p.table, p.head): p for p in plan.found["pairs"]}
     replaced, changes = {}, {}
@@ -173,7 +173,7 @@ def head_rows_of(plan, folder):
         pair = entries[lookup.table, lookup.codes]
         path = os.path.join(folder, f"head_rows_{i}.npy")
         changes[lookup.table] = headlookup.head_rows(plan.model, pair.head_entry, pair.table_entry, path)
-        replaced[lookup.table] = {"rows": path, "transposed": lookup.transposed}
+        replaced[lookup.table] = jobs.head_rows(path, lookup.transposed)
     plan.looked_up["changes"] = changes
     return replaced
 
@@ -185,10 +185,10 @@ def lookup_proof(plan, staged, replaced, folder, limits):
     entries = {(p.table, p.head): p for p in found["pairs"]}
     first = entries[lookups[0].table, lookups[0].codes]
     vocab = first.table_entry["vocab"]
-    job = jobs.head_lookup(plan.model.checked, staged, [{"output": k.output, "table": k.table,
-                                                         "rows": replaced[k.table]["rows"]} for k in lookups],
-                           {"rows": found["rows"], "shape": found["shape"],
-                            "prompts": headlookup.prompts_for(plan.model.path, vocab)},
+    job = jobs.head_lookup(plan.model.checked, staged,
+                           [jobs.lookup_check(k.output, k.table, replaced[k.table]["rows"]) for k in lookups],
+                           jobs.greedy_feeds(found["rows"], found["shape"],
+                                             headlookup.prompts_for(plan.model.path, vocab)),
                            first.head_entry.get("scores") or "logits", vocab, folder)
     limits.progress("checking every looked-up row and running both models greedily")
     record = isolated.call(job, "checking the lookup from the head", limits, plan.model.file_bytes)

@@ -117,12 +117,11 @@ def prefill(checked, folder, rows, shape, tokens, vocab):
 class Proof(NamedTuple):
     """What a prove job proves: the original (its path, its Model's checked), the staged retied model `after`, the
     [Rewritten] heads, the feeds' rows and shape, and how: `upstream` ([Fed]: the inputs other files of a folder
-    make),
-    `in_place` (weights read in place: the original is run with prepacking off), `layout` (where the retied
+    make), `in_place` (weights read in place: the original is run with prepacking off), `layout` (where the retied
     model's session writes its optimized model's layout) with `sizes`, `measure` (measure that session), `keep`
-    ({"input", "outputs", "heads": {output: KeptHead}} or None), and `originals`: the original's outputs on the
-    proof's feeds as inspect's child saved them ahead (sandbox.originals.save's), or None; `replaced`: {float
-    table: {"rows", "transposed"}} the original reads the head's rows instead of (--lookup-from-head), or None."""
+    (keeping's, or None), and `originals`: the original's outputs on the proof's feeds as inspect's child saved
+    them ahead (sandbox.originals.save's, an answers.Optimized's), or None; `replaced`: {float table: head_rows()}
+    the original reads the head's rows instead of (--lookup-from-head), or None."""
     before: str
     checked: dict
     after: str
@@ -139,11 +138,34 @@ class Proof(NamedTuple):
     replaced: dict | None = None
 
 
+def keeping(input, outputs, heads):
+    """Proof.keep: --logits-to-keep's scalar `input`, the logits `outputs` it slices, and {output: KeptHead}."""
+    return {"input": input, "outputs": outputs, "heads": heads}
+
+
+def head_rows(rows, transposed):
+    """An entry of Proof.replaced: the head's rows as a float table (.npy at `rows`, [vocab, width]) and whether the
+    table they stand in for is stored transposed."""
+    return {"rows": rows, "transposed": transposed}
+
+
+def lookup_check(output, table, rows):
+    """A lookup of head_lookup's: its `output` in the retied model, the float `table` it read before, and the
+    head's rows (.npy at `rows`) it must give for every id."""
+    return {"output": output, "table": table, "rows": rows}
+
+
+def greedy_feeds(rows, shape, prompts):
+    """head_lookup's `feeds`: the decoder feeds' `rows` and `shape` (feeds.plan) and the greedy runs' `prompts`
+    (ids; None: fixed ones)."""
+    return {"rows": rows, "shape": shape, "prompts": prompts}
+
+
 def head_lookup(checked, after, lookups, feeds, logits, vocab, folder):
-    """Check the lookups --lookup-from-head rewrote in the retied model `after` ({"output", "ids", "table", "rows":
-    the head's rows, .npy} each) against the head's rows for every id, and run it and the original (its Model's
-    `checked`) greedily (sandbox.headrows): `logits` names the logits output, `vocab` bounds the ids fed; `feeds`:
-    {"rows", "shape"} as measure's, and "prompts": the greedy runs' ids (retie.headlookup.prompts_for), or None."""
+    """Check the lookups --lookup-from-head rewrote in the retied model `after` ([lookup_check]) against the head's
+    rows for every id, and run it and the original (its Model's `checked`) greedily (sandbox.headrows): `logits`
+    names the logits output, `vocab` bounds the ids fed; `feeds`: greedy_feeds' (the prompts:
+    retie.headlookup.prompts_for's)."""
     return {"kind": "head_lookup", "checked": checked, "after": after, "lookups": lookups, **feeds,
             "logits": logits, "vocab": vocab, "folder": folder}
 
