@@ -6,10 +6,11 @@ from runtime.inspect.sandbox import isolated, jobs
 
 
 def measure(model, folder, limits, model_bytes, side_by_side=False, settings=SETTINGS):
-    """`model`: a jobs.part (of the user's model or one this tool wrote), as measure_together's parts; `settings`: those of SETTINGS to measure (all by default).
+    """`model`: a jobs.part (of the user's model or one this tool wrote), as measure_together's parts; `settings`:
+    those of SETTINGS to measure (all by default).
 
-    {setting: answers.Figures' fields as a dict, or None, "error": why} for each of SETTINGS, each
-    in a fresh isolated child, on the feeds `shape` (runtime.feeds.plan) describes; `side_by_side`: the
+    {setting: answers.Figures' fields as a dict, or None, "error": why} for each of SETTINGS, each in a fresh
+    isolated child, on the feeds `shape` (runtime.feeds.plan) describes; `side_by_side`: the
     children run at once (each measures its own resident set, which another process mapping the same file does not
     change). None where onnxruntime refuses to run the model on the proof's feeds; a crash or time-out is an
     InspectError, like every isolated step."""

@@ -36,9 +36,9 @@ def packing_off(proto):
 
 
 def unrecorded(layout, sizes):
-    """answers.Unrecorded(WHY, probed: [{initializer, kernel, node, bytes}]): the prepacked copies a session with prepacking
-    on would record of the initializers of `layout` (an optimized model, ModelProto without data) that hold one of
-    `sizes` elements (the tables and their copies), for each packing kernel (ops.PACKING) that reads one."""
+    """answers.Unrecorded(WHY, probed: [{initializer, kernel, node, bytes}]): the prepacked copies a session with
+    prepacking on would record of the initializers of `layout` (an optimized model, ModelProto without data) that hold
+    one of `sizes` elements (the tables and their copies), for each packing kernel (ops.PACKING) that reads one."""
     from runtime.resident import prepacked_copies
     constants, counts = {t.name: t for t in layout.graph.initializer}, set(sizes or ())
     watched = {name for name, t in constants.items() if math.prod(t.dims) in counts}

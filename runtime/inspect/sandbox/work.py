@@ -20,9 +20,8 @@ def _model(job):
 
 def optimize(job):
     """answers.Optimized: onnxruntime's optimized model written to job["out"], its prepacked copies recorded. With
-    job["sizes"] (the
-    element counts of the tensors whose copies are looked for), its layout, without data, and what a copy of one
-    of those sizes needs to be compared (_data_written: told by the node that folded it, or the data
+    job["sizes"] (the element counts of the tensors whose copies are looked for), its layout, without data, and what
+    a copy of one of those sizes needs to be compared (_data_written: told by the node that folded it, or the data
     written). Written from the model's shell: the optimized model is the same, its large tensors not parsed into a
     protobuf first."""
     import onnxruntime
@@ -143,13 +142,13 @@ def _written_apart(shell, path, proto, sizes, job=None):
 
 
 def _data_written(path, shell, proto, layout, sizes, written=False):
-    """answers.Optimized's {"data": whether the file at `path` is the optimized model with its data, "written":
-    whether what the parent compares is in it}. Where the optimized model `layout` (written at `path`) holds a tensor onnxruntime made of
-    one of `sizes` elements (_copies_to_compare), the node constant folding made it of says which weight it holds
-    and how (folding.folded_from, "folded"; no data file), or, where one was made some other way, the optimized
-    model is written again at `path` with its data, from the model's shell (shell, its folder), in a session of its
-    own once the one measured is let go: no child of its own, one process start fewer. `written`: the data is there
-    already (_written_apart)."""
+    """answers.Optimized's {"data": whether the file at `path` is the optimized model with its data, "written": whether
+    what the parent compares is in it}. Where the optimized model `layout` (written at `path`) holds a tensor
+    onnxruntime made of one of `sizes` elements (_copies_to_compare), the node constant folding made it of says which
+    weight it holds and how (folding.folded_from, "folded"; no data file), or, where one was made some other way, the
+    optimized model is written again at `path` with its data, from the model's shell (shell, its folder), in a session
+    of its own once the one measured is let go: no child of its own, one process start fewer. `written`: the data is
+    there already (_written_apart)."""
     from runtime.resident import let_go
     from runtime.optimized import write_optimized_model
     if not _copies_to_compare(proto, layout, sizes):
@@ -209,10 +208,11 @@ def measure_together(job):
 
 
 def prove(job):
-    """answers.Proved: the proof's failures and, where the retied model's session wrote its optimized model's layout,
-    whether that layout holds a tensor of job["sizes"] elements it did not (its data then written there too, to be compared), the
-    session's figures where job["measure"], the bytes writing the layout held (resident.owned_bytes), and where the
-    weights are read in place how far the other outputs lie from the original's under the defaults (proof._drift)."""
+    """answers.Proved: the proof's failures and, where the retied model's session wrote its optimized model's
+    layout, whether that layout holds a tensor of job["sizes"] elements it did not (its data then written there too,
+    to be compared), the session's figures where job["measure"], the bytes writing the layout held
+    (resident.owned_bytes), and where the weights are read in place how far the other outputs lie from the
+    original's under the defaults (proof._drift)."""
     import onnxruntime
 
     from runtime.inspect.sandbox.proof import OriginalFails, prove
