@@ -22,7 +22,7 @@ import time
 from runtime.bench import page
 from runtime.inspect.examine_folder import inspect_folder
 from runtime.model.findings.across import disk_bytes
-from runtime.inspect.sandbox import isolated, memory
+from runtime.inspect.sandbox import isolated, jobs, memory
 
 TARGET = 1.15  # the retied folder's Pss growth over its distinct weight bytes, at most
 COST = 1.3  # inspect's time over the sessions it must open, at most
@@ -43,7 +43,7 @@ def _sessions(folder, scratch):
     """(seconds, figures): the client's sessions on `folder` opened and run once, one child per setting, every
     file in that child (memory.measure_together, as inspect runs it), timed alone."""
     result = inspect_folder(folder, scratch, isolated.Limits(), static=True)
-    parts = [{"checked": it["model"].checked, "rows": it["info"].rows, "shape": it["info"].shape}
+    parts = [jobs.part(jobs.user_model(it["model"].checked), it["info"].rows, it["info"].shape)
              for it in result["items"] if it["info"].rows]
     together = os.path.join(scratch, "sessions")
     os.mkdir(together)

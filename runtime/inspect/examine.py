@@ -74,8 +74,9 @@ class Examination:
         # one child measures the defaults and writes the layout (one session, or, where the model holds its tensors
         # inline, a second one from its shell once the first is measured: work.measure)
         self.merged = "defaults" in self.settings and not memory.too_large(model.file_bytes)
-        self.out, self.sizes = os.path.join(folder, "optimized.onnx"), copy_sizes(model, [e.initializer for e in self.watched])
-        self.job = jobs.optimize({"checked": model.checked}, self.out, folder, self.sizes)
+        self.out = os.path.join(folder, "optimized.onnx")
+        self.sizes = copy_sizes(model, [e.initializer for e in self.watched])
+        self.job = jobs.optimize(jobs.user_model(model.checked), self.out, folder, self.sizes)
         self.first, self.pairs = None, None
         if child:
             self.begin()
@@ -86,12 +87,12 @@ class Examination:
         folder, once all are read): no other weight can hold a table's values."""
         self.watched = self.tables + table_shaped(tables, self.heads)
         self.sizes = copy_sizes(self.model, [e.initializer for e in self.watched])
-        self.job = jobs.optimize({"checked": self.model.checked}, self.out, self.folder, self.sizes)
+        self.job = jobs.optimize(jobs.user_model(self.model.checked), self.out, self.folder, self.sizes)
 
     def part(self):
         """This file as a part of a folder's measure_together job, its session writing its layout at self.out."""
-        return self._proving({"checked": self.model.checked, "rows": self.rows, "shape": self.shape,
-                              "layout": self.out, "sizes": self.sizes})
+        return self._proving(jobs.part(jobs.user_model(self.model.checked), self.rows, self.shape, self.out,
+                                       self.sizes))
 
     def _proving(self, job):
         """`job` (this file's measuring job or part) where no --retie will prove it (limits.proving), or where the
@@ -107,7 +108,7 @@ class Examination:
         model, limits = self.model, self.limits
         if self.merged:
             self.first = isolated.start(
-                self._proving(jobs.measure({"checked": model.checked}, self.folder, self.rows, self.shape,
+                self._proving(jobs.measure(jobs.user_model(model.checked), self.folder, self.rows, self.shape,
                                            layout=self.out, sizes=self.sizes)),
                 "running it once (defaults), writing its optimized model's layout", limits, model.file_bytes)
         else:
@@ -142,10 +143,10 @@ class Examination:
         """`answer` (an optimize child's, or a measuring child's that wrote the layout), or, where the layout shows a
         tensor of a table's size onnxruntime made, the optimized model built again with its data, whose values are
         then compared."""
-        if not answer["data"] or answer.get("written"):
+        if not answer.data or answer.written:
             return answer
         os.remove(self.out)
-        self.first = isolated.start(jobs.optimize({"checked": self.model.checked}, self.out, self.folder),
+        self.first = isolated.start(jobs.optimize(jobs.user_model(self.model.checked), self.out, self.folder),
                                     "building its optimized model", self.limits, self.model.file_bytes)
         return optimized_version(self.first, self.model.path)
 
@@ -154,7 +155,7 @@ class Examination:
         model = self.model
         if not settings:
             return {}
-        part = {"checked": model.checked, "rows": self.rows, "shape": self.shape}
+        part = jobs.part(jobs.user_model(model.checked), self.rows, self.shape)
         return memory.measure(part, self.folder, self.limits, model.file_bytes,
                               isolated.side_by_side(model.file_bytes, len(settings)), settings)
 
@@ -183,17 +184,16 @@ class Examination:
             self.first = isolated.start(self.job, "building its optimized model", limits, model.file_bytes)
             return optimized_version(self.first, model.path), self._measured(self.settings)
         measured = {}
-        again = ["defaults"] if answer["owned_bytes"] > OWNED_MOST else []  # writing held what they count
-        if not again:
-            measured["defaults"] = {k: answer[k] for k in ("resident_bytes", "anonymous_bytes", "file_bytes",
-                                                          "peak_bytes")}
+        again = ["defaults"] if answer.optimized.owned_bytes > OWNED_MOST else []  # writing held what they count
+        if not again:  # (kept_bytes, as before, not among them here)
+            measured["defaults"] = {k: v for k, v in answer.figures._asdict().items() if k != "kept_bytes"}
         others = [s for s in self.settings if s != "defaults"]
-        return self._data(answer), {**measured, **self._measured(again + others)}
+        return self._data(answer.optimized), {**measured, **self._measured(again + others)}
 
 
 def optimized_version(optimizing, path):
-    """What an optimize child (isolated.start) answers ({onnxruntime: its version, data: whether the tensor data
-    was written}), or InspectError: it cannot load `path`."""
+    """What an optimize child (isolated.start) answers (an answers.Optimized), or InspectError: it cannot load
+    `path`."""
     try:
         return optimizing.result()
     except isolated.StepFailed as e:
@@ -207,11 +207,11 @@ def found(exam, answer, measured):
     model, tables, heads, pairs = exam.model, exam.tables, exam.heads, exam.pairs
     optimized_path = exam.out
     optimized = folding.read_optimized(optimized_path, os.path.dirname(optimized_path), answer)
-    version = answer["onnxruntime"]
-    unrecorded = answer.get("unrecorded")  # a layout written with prepacking off: the tables' packings probed
-    prepacked = prepacked_copies(optimized.proto) + (unrecorded["probed"] if unrecorded else [])
+    version = answer.onnxruntime
+    unrecorded = answer.unrecorded  # a layout written with prepacking off: the tables' packings probed
+    prepacked = prepacked_copies(optimized.proto) + (unrecorded.probed if unrecorded else [])
     watched = list(dict.fromkeys(e.initializer for e in exam.watched))
-    copies = runtime_copies(model, optimized, watched, answer.get("folded"))
+    copies = runtime_copies(model, optimized, watched, answer.folded)
     paired = {t.initializer for t in tables} | {p.head for p in pairs}
     ours = paired | {copy_key(c) for c in copies if c.get("copy_of") in paired}  # and what is folded from them
     for p in prepacked:
@@ -227,7 +227,7 @@ def found(exam, answer, measured):
     return Findings(model, tables, heads, pairs, vocabulary(model, tables, heads, pairs, copies, held, version),
                     shape=exam.shape, runtime_copies=copies, onnxruntime=version,
                     measure_error=measured.get("error"), optimized=optimized, prepacked=prepacked,
-                    unrecorded=unrecorded, originals=answer.get("originals"))
+                    unrecorded=unrecorded, originals=answer.originals)
 
 
 def _from_files(path, limits, proof_past, root):

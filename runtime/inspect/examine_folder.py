@@ -51,12 +51,12 @@ def _examined(folder, files, scratch, limits, proof_past, settings):
                 s.stop()
     else:
         infos = [examine.inspect_model(p, w, limits, proof_past, measure=(), root=root) for p, w in zip(paths, where)]
-    parts = [{"checked": i["model"].checked, "rows": i["rows"], "shape": i["shape"]} for i in infos if i["rows"]]
+    parts = [jobs.part(jobs.user_model(i.model.checked), i.rows, i.shape) for i in infos if i.rows]
     return _items(files, infos), memory.measure_together(parts, together, limits, total, settings) if parts else {}
 
 
 def _measured_with_layouts(exams, together, limits, total, settings):
-    """([each Examination's inspect_model dict], the measured figures) from one measure_together child that also
+    """([each Examination's inspect_model Findings], the measured figures) from one measure_together child that also
     writes the layouts of the files it runs (those with a table; the others get an optimizing child each, beside
     it), the files related meanwhile; None where onnxruntime refuses that run, so that the caller builds and
     measures each file in turn and reports the failure as it would. The defaults are measured again, without
@@ -75,17 +75,17 @@ def _measured_with_layouts(exams, together, limits, total, settings):
             answer = child.result()
         except isolated.StepFailed:
             return None
-        layouts = dict(zip(map(id, runs), answer.pop("layouts")))
+        layouts = dict(zip(map(id, runs), answer.layouts))
         infos = [e.finish(layouts.get(id(e))) if e.rows else e.finish() for e in exams]
     finally:
         child.stop()
         for e in exams:
             e.stop()
-    again = ["defaults"] if any(a["owned_bytes"] > OWNED_MOST for a in layouts.values()) else []
-    measured = {} if again else {"defaults": answer}
+    again = ["defaults"] if any(a.owned_bytes > OWNED_MOST for a in layouts.values()) else []
+    measured = {} if again else {"defaults": answer.figures._asdict()}
     rest = again + [s for s in settings if s != "defaults"]
     if rest:
-        parts = [{"checked": e.model.checked, "rows": e.rows, "shape": e.shape} for e in runs]
+        parts = [jobs.part(jobs.user_model(e.model.checked), e.rows, e.shape) for e in runs]
         measured.update(memory.measure_together(parts, together, limits, total, rest))
     return infos, measured
 

@@ -23,7 +23,8 @@ class Findings:
     can hold a table's values (findings.copies, each a dict, prepacked ones included); onnxruntime: its version;
     measure_error: why a session could not be measured, or None; optimized: its optimized model (a Model, its
     layout); prepacked: [{initializer, kernel, node, bytes}] what its kernels prepacked (resident.prepacked_copies,
-    and the probed packings); unrecorded: {why, probed} where the layout was written with prepacking off, else None;
+    and the probed packings); unrecorded: where the layout was written with prepacking off, why and the packings
+    probed instead (sandbox.answers.Unrecorded), else None;
     originals: the original's outputs on the proof's feeds, saved ahead by the measuring child
     (sandbox.originals.save), or None.
     Judged after (inspect.analysis sets each once): prefill, [findings.prefill.all_positions' entries]; verdict,
@@ -39,7 +40,7 @@ class Findings:
     measure_error: str | None = None
     optimized: object = None
     prepacked: list = field(default_factory=list)
-    unrecorded: dict | None = None
+    unrecorded: tuple | None = None
     originals: dict | None = None
     prefill: list = field(default_factory=list)
     verdict: list | None = None

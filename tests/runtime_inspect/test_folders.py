@@ -610,7 +610,7 @@ def test_the_proof_feeds_a_decoder_what_its_encoder_makes(tmp_path):
     source = os.path.join(FOLDERS, "optimum_t5")
     result = inspect_folder(source, str(tmp_path), isolated.Limits(), static=True)
     (fed,) = upstream(result["items"])["decoder_model_merged.onnx"]
-    assert (fed["input"], fed["output"]) == ("encoder_hidden_states", "last_hidden_state")
+    assert (fed.input, fed.output) == ("encoder_hidden_states", "last_hidden_state")
     assert upstream(result["items"])["encoder_model.onnx"] == []
     decoder = result["items"][1]
     feeds = shaped_feeds(decoder["model"].proto, decoder["info"].rows, decoder["info"].shape, 3)

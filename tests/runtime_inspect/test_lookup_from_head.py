@@ -177,11 +177,11 @@ def test_a_row_off_by_one_code_is_named_by_its_id(tmp_path):
               "rows": str(tmp_path / "rows.npy")}
     np.save(lookup["rows"], rows)
     retied = onnx.load(str(out / "model.onnx"), load_external_data=False)
-    assert headrows.rows_equal(retied, str(out / "model.onnx"), lookup)["rows_equal_head"]
+    assert headrows.rows_equal(retied, str(out / "model.onnx"), lookup).rows_equal_head
     rows[300, 5] += scales[300, 0]  # one code up
     np.save(lookup["rows"], rows)
-    assert headrows.rows_equal(retied, str(out / "model.onnx"), lookup) == {
-        "table": "transformer.wte.weight", "rows_equal_head": False, "first_different": 300}
+    assert headrows.rows_equal(retied, str(out / "model.onnx"), lookup) == (
+        "transformer.wte.weight", False, 300)  # table, rows_equal_head, first_different
 
 
 def plain_greedy(path, prompt, new):

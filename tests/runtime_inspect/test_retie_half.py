@@ -326,7 +326,7 @@ def test_a_layout_written_with_prepacking_off_probes_what_kernels_pack_of_the_ta
     assert recorded and all(p["bytes"] > 0 for p in recorded)
     assert prepacked_copies(layouts[False]) == []  # nothing recorded: what the probe stands in for
     key = lambda p: (p["initializer"], p["node"])
-    assert sorted(probed.unrecorded(layouts[False], sizes)["probed"], key=key) == sorted(recorded, key=key)
+    assert sorted(probed.unrecorded(layouts[False], sizes).probed, key=key) == sorted(recorded, key=key)
 
 
 def test_a_float16_layout_written_apart_reports_what_prepacking_on_reports(tmp_path):
@@ -374,7 +374,7 @@ def test_a_probe_onnxruntime_refuses_writes_the_layout_again_with_its_packings_r
     shell = onnx.load(path, load_external_data=False)
     assert probed.packing_off(shell)
     data, saved, unrecorded = work._written_apart((path, str(tmp_path)), layout, shell, [VOCAB * WIDTH])
-    assert (data, saved) == (False, None) and unrecorded["probed"]  # probed
+    assert (data, saved) == (False, None) and unrecorded.probed  # probed
     assert prepacked_copies(onnx.load(layout, load_external_data=False)) == []
 
     def refused(*args):

@@ -23,7 +23,7 @@ from runtime.model.read import checked as read_checked
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
 from runtime import feeds
-from runtime.inspect.sandbox import guard, isolated
+from runtime.inspect.sandbox import guard, isolated, jobs
 from tests.helpers import (
     FIXTURES,
     MADE,
@@ -47,7 +47,7 @@ def test_a_model_swapped_after_the_check_is_never_run(tmp_path):
     model = load(path)
     tied(tmp_path / "other.onnx", seed=1)
     os.replace(tmp_path / "other.onnx", path)  # swapped between the parent's check and the child's load
-    job = {"kind": "optimize", "checked": model.checked, "out": str(tmp_path / "opt.onnx"), "folder": str(tmp_path)}
+    job = jobs.optimize(jobs.user_model(model.checked), str(tmp_path / "opt.onnx"), str(tmp_path))
     with pytest.raises(read_checked.Changed, match="changed after it was checked"):
         isolated.call(job, "building its optimized model", isolated.Limits(60), model.file_bytes)
     assert not os.path.exists(tmp_path / "opt.onnx")  # onnxruntime never saw it
@@ -127,8 +127,7 @@ def test_onnxruntime_out_of_memory_is_a_finding(tmp_path):
 def test_a_child_started_ahead_of_its_job_runs_it_under_that_jobs_limits(tmp_path):
     big = tmp_path / "big.onnx"
     graphs.save(graphs.tied_logits(graphs.make_table(32768, 1024)), big)  # a 128 MiB table
-    job = {"kind": "optimize", "model": str(big), "out": str(tmp_path / "o.onnx"), "folder": str(tmp_path),
-           "sizes": None}
+    job = jobs.optimize(jobs.tool_model(str(big)), str(tmp_path / "o.onnx"), str(tmp_path))
     ahead = isolated.prestart(str(tmp_path))
     assert isolated.prestart(str(tmp_path)) is ahead  # one ahead at most
     try:
@@ -139,7 +138,7 @@ def test_a_child_started_ahead_of_its_job_runs_it_under_that_jobs_limits(tmp_pat
             step.result()
     finally:
         isolated.let_go_ahead()
-    assert isolated.call(job, "optimizing", isolated.Limits(60), big.stat().st_size)["data"] is True  # room: runs
+    assert isolated.call(job, "optimizing", isolated.Limits(60), big.stat().st_size).data is True  # room: runs
     ahead = isolated.prestart(str(tmp_path))
     isolated.let_go_ahead()  # no step took it: ended, and the next step starts its own
     step = isolated.start(job, "optimizing", isolated.Limits(60), 0)

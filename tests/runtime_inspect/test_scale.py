@@ -28,8 +28,7 @@ def _optimized(path, where, sizes):
     """The optimize child's answer for the model at `path` and the optimized model it wrote into `where`."""
     model = load(path)
     os.mkdir(where)
-    job = {"kind": "optimize", "checked": model.checked, "out": os.path.join(where, "opt.onnx"), "folder": where,
-           "sizes": sizes}
+    job = jobs.optimize(jobs.user_model(model.checked), os.path.join(where, "opt.onnx"), where, sizes)
     answer = isolated.call(job, "building its optimized model", isolated.Limits(120), model.file_bytes)
     return model, answer, folding.read_optimized(job["out"], where, answer)
 
@@ -45,7 +44,7 @@ def test_the_layout_alone_gives_the_records_a_full_write_gives(tmp_path):
     scale_model.generate(path, 2, vocab=300, width=16, hidden=32)
     _, full, written = _optimized(path, str(tmp_path / "full"), None)
     _, layout, unwritten = _optimized(path, str(tmp_path / "layout"), [300 * 16])
-    assert full["data"] and not layout["data"]  # no tensor of a table's size made: the layout is all it needs
+    assert full.data and not layout.data  # no tensor of a table's size made: the layout is all it needs
     assert "opt.onnx.data" not in os.listdir(tmp_path / "layout")  # no data written beside it
     assert os.path.getsize(tmp_path / "full" / "opt.onnx.data") > 2 * 300 * 16 * 4  # the table, the head, its copy
     assert _records(unwritten) == _records(written)
@@ -59,10 +58,10 @@ def test_a_copy_of_a_tables_size_is_told_by_the_node_that_folded_it(tmp_path):
     path = str(tmp_path / "m.onnx")  # the head reads Transpose(table): onnxruntime folds it into a new initializer
     graphs.save(transposed_head(), path)
     model, answer, optimized = _optimized(path, str(tmp_path / "opt"), [16 * 4])
-    assert answer["folded"] and not answer["data"]  # told by its Transpose, no data file written
+    assert answer.folded and not answer.data  # told by its Transpose, no data file written
     written = sorted(n for n in os.listdir(tmp_path / "opt") if n.startswith("opt"))  # beside the job's files
     assert written == ["opt.onnx"]
-    copies = runtime_copies(model, optimized, ["embedding"], answer["folded"])
+    copies = runtime_copies(model, optimized, ["embedding"], answer.folded)
     assert [(c["copy_of"], c["view"]) for c in copies if c.get("copy_of")] == [("embedding", "transposed")]
 
 

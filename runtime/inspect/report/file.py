@@ -252,4 +252,4 @@ def as_json(info, path=None, verdict=True):
             "file_bytes": info.file_bytes, "initializers": info.initializers, "vocabulary": info.vocabulary,
             "pairs": [p.as_json() for p in info.pairs],
             "runtime_copies": info.runtime_copies, "branch_weights": info.branch_weights,
-            "prefill": info.prefill, "prepacked_unrecorded": info.unrecorded}
+            "prefill": info.prefill, "prepacked_unrecorded": info.unrecorded and info.unrecorded._asdict()}

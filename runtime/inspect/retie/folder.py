@@ -19,6 +19,7 @@ from runtime.inspect.retie.rewrite import borrow
 from runtime.inspect.retie import lines, outcomes, transformersjs
 from runtime.inspect.retie import keep as keeps
 from runtime.inspect.retie import write
+from runtime.inspect.sandbox import jobs
 from runtime.inspect.retie.write import Asked, Plan, planned_keeping, proven_at, proven_in_place
 
 DATA = "model.data"  # the one data file OUT's models share
@@ -218,7 +219,7 @@ FED = {"encoder_hidden_states": "last_hidden_state"}  # a decoder's input -> the
 
 
 def upstream(items):
-    """{file: [{input, output, checked, rows, shape}]}: each input of a file that another file of the folder makes
+    """{file: [sandbox.jobs.Fed]}: each input of a file that another file of the folder makes
     (an output of the same name, as embed_tokens.onnx makes a split decoder's inputs_embeds; or FED's), so that the
     proof feeds what the client feeds (proof._fed_from)."""
     outputs = {o.name: it for it in items for o in it["model"].proto.graph.output}
@@ -229,8 +230,8 @@ def upstream(items):
             made = FED.get(value.name, value.name)
             maker = outputs.get(made)
             if maker is not None and maker is not it:
-                fed[it["file"]].append({"input": value.name, "output": made, "checked": maker["model"].checked,
-                                        "rows": maker["info"].rows, "shape": maker["info"].shape})
+                fed[it["file"]].append(jobs.Fed(value.name, made, maker["model"].checked, maker["info"].rows,
+                                                maker["info"].shape))
     return fed
 
 

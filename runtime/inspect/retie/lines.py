@@ -67,7 +67,7 @@ def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None, repl
                        f"({size}, each prepacked once per branch before) read in place")
     merged = any(v.name == USE_CACHE_BRANCH for v in model.proto.graph.input)
     feeds = describe(shape) + (", both branches of use_cache_branch" if merged else "") + "".join(
-        f", {f['input']} from {os.path.basename(f['checked']['path'])}" for f in fed)
+        f", {f.input} from {os.path.basename(f.checked['path'])}" for f in fed)
     return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "
             f"{_heads_said(getattr(weights, 'heads', None))}, every other output {_others(weights)}"
             f"{LOOKED_UP_SAME if replaced else ''}\n")
@@ -81,7 +81,7 @@ def lookup_lines(looked_up, found, measured=None, where=""):
     table gone, its rows now the head's (checked for every id) and how far they moved; the greedy tokens' agreement
     with the original and the first step's largest logit change; the resident growth of a run before -> after where
     `measured` ({"defaults": figures}) says it."""
-    said, greedy = [], looked_up["record"]["greedy"]
+    said, greedy = [], looked_up["record"].greedy  # answers.Agreement
     vocabulary = {v["table"]: v for v in found.vocabulary}
     for lookup in looked_up["lookups"]:
         v, change = vocabulary[lookup.table], looked_up["changes"][lookup.table]
@@ -93,10 +93,10 @@ def lookup_lines(looked_up, found, measured=None, where=""):
                     f"{lookup.codes}, each of its {v['vocab_size']} rows the head's dequantization bit for bit (every "
                     f"id checked); a row's element moved by up to {change['max_row_change']:.3g} "
                     f"({change['max_row_change_in_steps']:.2f} of its quantization step){grew}\n")
-    said.append(f"retie: {where}the rows changed, so the model's choices may: greedy, {greedy['agreed']} of "
-                f"{greedy['tokens']} tokens agree with the original's before they first differ ({greedy['prompts']} "
-                f"prompts, {greedy.get('prompts_from', 'fixed ids')}; the first token on {greedy['same_first']} of {greedy['prompts']}); the first "
-                f"step's logits moved by up to {greedy['max_logit_change']:.3g}\n")
+    said.append(f"retie: {where}the rows changed, so the model's choices may: greedy, {greedy.agreed} of "
+                f"{greedy.tokens} tokens agree with the original's before they first differ ({greedy.prompts} "
+                f"prompts, {greedy.prompts_from}; the first token on {greedy.same_first} of {greedy.prompts}); the "
+                f"first step's logits moved by up to {greedy.max_logit_change:.3g}\n")
     return said
 
 

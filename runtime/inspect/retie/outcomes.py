@@ -9,7 +9,7 @@ from runtime.model.findings import counting
 from runtime.model.findings.counting import DEFAULTS, human
 from runtime.model.read.layout import transformersjs_root
 from runtime.inspect.retie import lines
-from runtime.inspect.sandbox import memory
+from runtime.inspect.sandbox import jobs, memory
 
 
 def placed(result):
@@ -25,7 +25,7 @@ def measured_again(result, staged, proven, scratch, limits, say, size=None):
     what the folder held (_say_memory), then a line per table the folder held more than once (_outcomes; `proven`'s
     held, what each rewritten file's proof counted). `size`: the bytes of those files in OUT (default: all of OUT's)."""
     place = placed(result)
-    parts = [{"model": staged.path(place[it["file"]]), "rows": it["info"].rows, "shape": it["info"].shape}
+    parts = [jobs.part(jobs.tool_model(staged.path(place[it["file"]])), it["info"].rows, it["info"].shape)
              for it in result["items"] if it["info"].rows]
     if proven.figures is not None and len(parts) == 1:
         measured = {"defaults": proven.figures}

@@ -33,12 +33,12 @@ def lookup_records(looked_up, file=None):
     {"prompts", "tokens", "agreed", "same_first", "prompts_from"}, "max_logit_change"} (the greedy figures are the
     file's)."""
     record, found = looked_up["record"], []
-    greedy = {k: record["greedy"][k] for k in ("prompts", "tokens", "agreed", "same_first", "prompts_from")}
-    rows = {r["table"]: r["rows_equal_head"] for r in record["rows"]}
+    greedy = {k: getattr(record.greedy, k) for k in ("prompts", "tokens", "agreed", "same_first", "prompts_from")}
+    rows = {r.table: r.rows_equal_head for r in record.rows}
     for lookup in looked_up["lookups"]:
         found.append({"file": file, "table": lookup.table, "head": lookup.codes, "rows_equal_head": rows[lookup.table],
                       **looked_up["changes"][lookup.table], "token_agreement": greedy,
-                      "max_logit_change": record["greedy"]["max_logit_change"]})
+                      "max_logit_change": record.greedy.max_logit_change})
     return found
 
 
@@ -83,8 +83,8 @@ def proven(plan, folder, limits, upstream=(), in_place=None, out=None):
 
 def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=False):
     """Prove `plan`'s rewritten model, written at `staged` (isolated; `folder` the scratch folder its proof writes
-    in) and count the copies a session would hold under onnxruntime's defaults: a Proof, its `staged` None. InspectError when the original cannot be run on the proof's feeds (nothing about the
-    retie is known). `upstream`: the inputs other files of a folder make (proof._fed_from); `in_place`: the weights
+    in) and count the copies a session would hold under onnxruntime's defaults: a Proof, its `staged` None.
+    InspectError when the original cannot be run on the proof's feeds (nothing about the retie is known). `upstream`: the inputs other files of a folder make (proof._fed_from); `in_place`: the weights
     retie.branches read in place (branches.Shared, its drift set from the proof), so the original is run with
     prepacking off and no session may prepack them; the plan's `keep` gets the proof's {"exact"} as its `kept`."""
     model, found, rewritten, _, keep, looked_up = plan
@@ -101,36 +101,36 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
         os.path.abspath(model.path), model.checked, staged, [r._replace(hidden=renamed.get(r.hidden, r.hidden))
                                                              for r in rewritten],
         found.rows, found.shape, list(upstream), bool(in_place), optimized, sizes, measure,
-        keep and {k: keep[k] for k in ("input", "outputs", "heads")}, found.originals, replaced), folder)
+        keep and jobs.keeping(keep["input"], keep["outputs"], keep["heads"]), found.originals, replaced), folder)
     try:  # the proof's session of the retied model writes its optimized model's layout: no load of its own
         answer = isolated.call(job, "proving the retied model", limits, model.file_bytes)
-        if "original" in answer:  # nothing about the retie is known: say so, and blame nothing
-            raise InspectError(f"{model.path} cannot be proven on this machine, nothing written: "
-                               f"{answer['original']}")
-        failures = answer["failures"]
+        if answer.original is not None:  # nothing about the retie is known: say so, and blame nothing
+            raise InspectError(f"{model.path} cannot be proven on this machine, nothing written: {answer.original}")
+        failures, written = answer.failures, answer.optimized
         if in_place:
-            in_place.drift = answer.get("drift")
+            in_place.drift = answer.drift
         if in_place is not None:
-            in_place.heads = answer.get("heads")
+            in_place.heads = answer.heads
         if keep is not None:
-            keep["kept"] = answer.get("kept")
-        if answer["data"] and not answer.get("written"):  # a tensor of a table's size made: its data to compare
+            keep["kept"] = answer.kept
+        if written.data and not written.written:  # a tensor of a table's size made: its data to compare
             os.remove(optimized)
-            isolated.call(jobs.optimize({"model": staged}, optimized, folder),
+            isolated.call(jobs.optimize(jobs.tool_model(staged), optimized, folder),
                           "optimizing the retied model", limits, model.file_bytes)
         if looked_up and not failures:
             failures += lookup_proof(plan, staged, replaced, folder, limits)
     except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
         return Proof(None, {}, [f"failed, nothing written: {e}"], None)
-    retied, retied_optimized = load(staged), folding.read_optimized(optimized, folder, answer)
-    copies = runtime_copies(retied, retied_optimized, finals, answer.get("folded"))
+    retied, retied_optimized = load(staged), folding.read_optimized(optimized, folder, written)
+    copies = runtime_copies(retied, retied_optimized, finals, written.folded)
     prepacked = prepacked_copies(retied_optimized.proto)
     packed = sorted({p["initializer"] for p in prepacked} & set(in_place.sizes if in_place else ()))
     if packed:
         failures.append(f"onnxruntime still prepacks {packed[0]}, a weight read in place")
     held = _held(plan, retied, retied_optimized, (copies, prepacked), failures)
-    figures = answer.get("measured")  # writing the layout held what they would count: measured again
-    return Proof(None, held, failures, figures if figures and answer["owned_bytes"] <= OWNED_MOST else None)
+    figures = answer.measured  # writing the layout held what they would count: measured again
+    return Proof(None, held, failures,
+                 figures._asdict() if figures is not None and written.owned_bytes <= OWNED_MOST else None)
 
 
 def _held(plan, retied, retied_optimized, copies, failures):
@@ -165,7 +165,7 @@ def packs(name, prepacked):
 
 
 def head_rows_of(plan, folder):
-    """{float table: {"rows", "transposed"}}: each --lookup-from-head lookup's table as the head dequantizes it,
+    """{float table: jobs.head_rows}: each --lookup-from-head lookup's table as the head dequantizes it,
     written to `folder` as .npy (headlookup.head_rows), its change from the table kept in plan.looked_up["changes"]."""
     entries = {(p.table, p.head): p for p in plan.found.pairs}
     replaced, changes = {}, {}
@@ -173,7 +173,7 @@ def head_rows_of(plan, folder):
         pair = entries[lookup.table, lookup.codes]
         path = os.path.join(folder, f"head_rows_{i}.npy")
         changes[lookup.table] = headlookup.head_rows(plan.model, pair.head_entry, pair.table_entry, path)
-        replaced[lookup.table] = {"rows": path, "transposed": lookup.transposed}
+        replaced[lookup.table] = jobs.head_rows(path, lookup.transposed)
     plan.looked_up["changes"] = changes
     return replaced
 
@@ -185,16 +185,16 @@ def lookup_proof(plan, staged, replaced, folder, limits):
     entries = {(p.table, p.head): p for p in found.pairs}
     first = entries[lookups[0].table, lookups[0].codes]
     vocab = first.table_entry.vocab
-    job = jobs.head_lookup(plan.model.checked, staged, [{"output": k.output, "table": k.table,
-                                                         "rows": replaced[k.table]["rows"]} for k in lookups],
-                           {"rows": found.rows, "shape": found.shape,
-                            "prompts": headlookup.prompts_for(plan.model.path, vocab)},
+    job = jobs.head_lookup(plan.model.checked, staged,
+                           [jobs.lookup_check(k.output, k.table, replaced[k.table]["rows"]) for k in lookups],
+                           jobs.greedy_feeds(found.rows, found.shape,
+                                             headlookup.prompts_for(plan.model.path, vocab)),
                            first.head_entry.scores or "logits", vocab, folder)
     limits.progress("checking every looked-up row and running both models greedily")
     record = isolated.call(job, "checking the lookup from the head", limits, plan.model.file_bytes)
     plan.looked_up["record"] = record
-    return [f"{r['table']}: the looked-up row of id {r['first_different']} is not the head's dequantization of it"
-            for r in record["rows"] if not r["rows_equal_head"]]
+    return [f"{r.table}: the looked-up row of id {r.first_different} is not the head's dequantization of it"
+            for r in record.rows if not r.rows_equal_head]
 
 
 def proven_in_place(plan, folder, say, prove):
@@ -234,7 +234,7 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
             say(lines.failure_line(failures[0]))
             return 1
         if measured is None:  # what gained_line reports
-            part = {"model": staged.path, "rows": found.rows, "shape": found.shape}
+            part = jobs.part(jobs.tool_model(staged.path), found.rows, found.shape)
             measured = memory.measure(part, folder, limits, model.file_bytes, settings=["defaults"])
         else:
             measured = {"defaults": measured}

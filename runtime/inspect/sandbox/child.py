@@ -14,7 +14,7 @@ import os
 import sys
 
 from runtime.model.read.checked import Changed
-from runtime.inspect.sandbox import work
+from runtime.inspect.sandbox import answers, work
 from runtime.inspect.sandbox.isolated import OUT_OF_MEMORY
 
 
@@ -31,7 +31,7 @@ def main(path):
     with open(path) as f:
         job = json.load(f)
     try:
-        answer = _JOBS[job["kind"]](job)
+        answer = answers.wire(_JOBS[job["kind"]](job))  # an answers type, as a JSON object
     except MemoryError:
         return OUT_OF_MEMORY
     except Changed as e:

@@ -140,6 +140,6 @@ def _view(node, weight, tensor):
 def read_optimized(path, folder, answer):
     """The optimized model a child wrote at `path` (its data in `folder`), read by the checked reader as its
     `answer` says it was written: with its data, or for its layout only (each copy to compare then told by
-    folded_from: answer["folded"])."""
+    folded_from: answer.folded)."""
     from runtime.model.read.model import load
-    return load(path, folder, layout_only=not answer.get("data", True))
+    return load(path, folder, layout_only=not answer.data)

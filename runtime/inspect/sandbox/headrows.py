@@ -11,6 +11,7 @@ from runtime.model.read.checked import source
 from runtime.model.read.model import load
 from runtime.feeds import no_past_branch, shaped_feeds
 from runtime.runner import Runner
+from runtime.inspect.sandbox import answers
 
 IDS_AT_ONCE = 8192  # ids looked up a run: 8192 rows of a 2048-wide float32 table are 64 MiB
 
@@ -32,8 +33,8 @@ def swap_tables(proto, job):
 
 
 def check(job):
-    """{"rows": [{"table", "rows_equal_head", "first_different"}], "greedy": agreement()'s} for a head_lookup job
-    (jobs.head_lookup)."""
+    """answers.LookedUp for a head_lookup job (jobs.head_lookup): each lookup's rows_equal(), the greedy runs'
+    agreement()."""
     after = onnx.load(job["after"], load_external_data=False)
     rows = [rows_equal(after, job["after"], lookup) for lookup in job["lookups"]]
     ids = _lookup_model(after, job["lookups"][0]["output"]).graph.input[0].name  # the model's token ids
@@ -41,8 +42,8 @@ def check(job):
     before = load(job["checked"]["path"], checked.folder, data=checked.shell)
     olds = greedy(Runner(before.proto, data_folder=checked.folder).session, before.proto, ids, job)
     news = greedy(Runner(job["after"]).session, after, ids, job)
-    return {"rows": rows, "greedy": {**agreement(olds, news),
-                                     "prompts_from": "the model's tokenizer" if job.get("prompts") else "fixed ids"}}
+    return answers.LookedUp(rows, answers.Agreement(
+        **agreement(olds, news), prompts_from="the model's tokenizer" if job.get("prompts") else "fixed ids"))
 
 
 def _lookup_model(proto, output):
@@ -67,7 +68,7 @@ def _lookup_model(proto, output):
 
 def rows_equal(proto, path, lookup):
     """Whether the retied model's lookup gives, for every id, the head's own row (lookup["rows"], .npy) bit for
-    bit: {"table", "rows_equal_head", "first_different": the first id whose row differs, or None}."""
+    bit: an answers.RowsChecked (its first_different: the first id whose row differs, or None)."""
     expected = np.load(lookup["rows"], mmap_mode="r")
     model = _lookup_model(proto, lookup["output"])
     (ids,) = model.graph.input  # the token ids, whatever reshapes them on the way
@@ -86,7 +87,7 @@ def rows_equal(proto, path, lookup):
         if not same.all():  # compared as bits: a NaN row equals only itself
             first = t0 + int(np.argmin(same))
             break
-    return {"table": lookup["table"], "rows_equal_head": first is None, "first_different": first}
+    return answers.RowsChecked(lookup["table"], first is None, first)
 
 
 def prompts(vocab):

@@ -18,7 +18,7 @@ import time
 from embed import physical_memory
 from runtime.model.read.checked import Changed, source
 from runtime.model.read.text import InspectError
-from runtime.inspect.sandbox import guard
+from runtime.inspect.sandbox import answers, guard
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo
 
@@ -79,8 +79,9 @@ class Limits:
 
 
 def call(job, what, limits, model_bytes):
-    """Run `job` (a dict; see runtime.inspect.sandbox.child) in a child under `limits`; its result dict, or InspectError saying
-    what happened to onnxruntime while `what` (e.g. "building the optimized model")."""
+    """Run `job` (a dict made by runtime.inspect.sandbox.jobs) in a child under `limits`; its answer (the
+    sandbox.answers type of its kind), or InspectError saying what happened to onnxruntime while `what` (e.g.
+    "building the optimized model")."""
     return start(job, what, limits, model_bytes).result()
 
 
@@ -197,7 +198,8 @@ class Child:
             self.child.communicate()
 
     def result(self):
-        """Wait for the child: its result dict, or InspectError (Changed, StepFailed) saying what happened."""
+        """Wait for the child: its answer (answers.of its job's kind), or InspectError (Changed, StepFailed) saying
+        what happened."""
         what, child = self.what, self.child
         try:
             _, err = child.communicate(timeout=self.limits.remaining())
@@ -235,7 +237,7 @@ class Child:
                                "model is not what failed)")
         if "error" in answer:
             raise StepFailed(f"onnx or onnxruntime refused it while {what}: {answer['error']}")
-        return answer
+        return answers.of(job["kind"], answer)
 
 
 def _within(kind, most):

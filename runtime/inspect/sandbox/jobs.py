@@ -2,7 +2,9 @@
 typed records that cross the process boundary with them.
 
 A job is a JSON object: what the parent writes is what the child reads, so each kind's fields are named once, in
-its constructor. A record (a NamedTuple) is written as a JSON list and made again in the child with `of(...)`.
+its constructor, and so are its pieces: a model's source (user_model, tool_model) and a file to measure (part). A
+record (a NamedTuple) is written as a JSON list and made again in the child with `of(...)`. What the child answers
+is sandbox.answers'.
 """
 from typing import NamedTuple
 
@@ -29,6 +31,45 @@ class KeptHead(NamedTuple):
     nbits: dict | None
 
 
+class Fed(NamedTuple):
+    """An input of a folder's file that another file of it makes (retie.folder.upstream), which a --retie's proof
+    feeds as the client does (proof._fed_from): the `input`, the maker's `output` that it is, and the maker as
+    checked (its Model's `checked`) with its feeds' `rows` and `shape` (feeds.plan)."""
+    input: str
+    output: str
+    checked: dict
+    rows: dict
+    shape: dict
+
+
+def fed_of(entries):
+    """[Fed] from a job's JSON lists."""
+    return [Fed(*e) for e in entries]
+
+
+def user_model(checked):
+    """The source of a job on the user's model: its Model's `checked` (read.checked.source opens what was checked)."""
+    return {"checked": checked}
+
+
+def tool_model(path):
+    """The source of a job on a model this tool wrote, at `path` in its scratch folder (a retied model)."""
+    return {"model": path}
+
+
+def source_of(part):
+    """The source (user_model's or tool_model's) a part was made with."""
+    return {k: part[k] for k in ("checked", "model") if k in part}
+
+
+def part(source, rows, shape, layout=None, sizes=None):
+    """A model to measure (memory.measure) or a file of a folder's measure_together job: its `source`, and the
+    decoder feeds `rows` and `shape` (feeds.plan) describe; with `layout`, its session also writes its optimized
+    model's layout there (`sizes` as optimize's)."""
+    found = {**source, "rows": rows, "shape": shape}
+    return found if layout is None else {**found, "layout": layout, "sizes": sizes}
+
+
 def rewritten_of(entries):
     """[Rewritten] from a job's JSON lists."""
     return [Rewritten(*e) for e in entries]
@@ -40,8 +81,8 @@ def kept_heads_of(heads):
 
 
 def optimize(source, out, folder, sizes=None):
-    """Build onnxruntime's optimized model of `source` ({"checked": a Model's checked} for the user's file, or
-    {"model": path} for one this tool wrote) at `out`; `sizes`: the element counts whose copies are looked for
+    """Build onnxruntime's optimized model of `source` (user_model's for the user's file, tool_model's for one this
+    tool wrote) at `out`; `sizes`: the element counts whose copies are looked for
     (only the layout is written unless the optimizer makes a tensor of one of them), None: the data too."""
     return {"kind": "optimize", **source, "out": out, "folder": folder, "sizes": sizes}
 
@@ -62,7 +103,7 @@ def proving(job, show, out):
 
 
 def measure_together(parts, folder, prepacking):
-    """Measure every file of a folder in one process (Pss): `parts` [{"checked", "rows", "shape"}]."""
+    """Measure every file of a folder in one process (Pss): `parts` [part()], each with a layout or none."""
     return {"kind": "measure_together", "files": parts, "folder": folder, "prepacking": prepacking}
 
 
@@ -75,12 +116,12 @@ def prefill(checked, folder, rows, shape, tokens, vocab):
 
 class Proof(NamedTuple):
     """What a prove job proves: the original (its path, its Model's checked), the staged retied model `after`, the
-    [Rewritten] heads, the feeds' rows and shape, and how: `upstream` (the inputs other files of a folder make),
-    `in_place` (weights read in place: the original is run with prepacking off), `layout` (where the retied
+    [Rewritten] heads, the feeds' rows and shape, and how: `upstream` ([Fed]: the inputs other files of a folder
+    make), `in_place` (weights read in place: the original is run with prepacking off), `layout` (where the retied
     model's session writes its optimized model's layout) with `sizes`, `measure` (measure that session), `keep`
-    ({"input", "outputs", "heads": {output: KeptHead}} or None), and `originals`: the original's outputs on the
-    proof's feeds as inspect's child saved them ahead (sandbox.originals.save's), or None; `replaced`: {float
-    table: {"rows", "transposed"}} the original reads the head's rows instead of (--lookup-from-head), or None."""
+    (keeping's, or None), and `originals`: the original's outputs on the proof's feeds as inspect's child saved
+    them ahead (sandbox.originals.save's, an answers.Optimized's), or None; `replaced`: {float table: head_rows()}
+    the original reads the head's rows instead of (--lookup-from-head), or None."""
     before: str
     checked: dict
     after: str
@@ -97,11 +138,34 @@ class Proof(NamedTuple):
     replaced: dict | None = None
 
 
+def keeping(input, outputs, heads):
+    """Proof.keep: --logits-to-keep's scalar `input`, the logits `outputs` it slices, and {output: KeptHead}."""
+    return {"input": input, "outputs": outputs, "heads": heads}
+
+
+def head_rows(rows, transposed):
+    """An entry of Proof.replaced: the head's rows as a float table (.npy at `rows`, [vocab, width]) and whether the
+    table they stand in for is stored transposed."""
+    return {"rows": rows, "transposed": transposed}
+
+
+def lookup_check(output, table, rows):
+    """A lookup of head_lookup's: its `output` in the retied model, the float `table` it read before, and the
+    head's rows (.npy at `rows`) it must give for every id."""
+    return {"output": output, "table": table, "rows": rows}
+
+
+def greedy_feeds(rows, shape, prompts):
+    """head_lookup's `feeds`: the decoder feeds' `rows` and `shape` (feeds.plan) and the greedy runs' `prompts`
+    (ids; None: fixed ones)."""
+    return {"rows": rows, "shape": shape, "prompts": prompts}
+
+
 def head_lookup(checked, after, lookups, feeds, logits, vocab, folder):
-    """Check the lookups --lookup-from-head rewrote in the retied model `after` ({"output", "ids", "table", "rows":
-    the head's rows, .npy} each) against the head's rows for every id, and run it and the original (its Model's
-    `checked`) greedily (sandbox.headrows): `logits` names the logits output, `vocab` bounds the ids fed; `feeds`:
-    {"rows", "shape"} as measure's, and "prompts": the greedy runs' ids (retie.headlookup.prompts_for), or None."""
+    """Check the lookups --lookup-from-head rewrote in the retied model `after` ([lookup_check]) against the head's
+    rows for every id, and run it and the original (its Model's `checked`) greedily (sandbox.headrows): `logits`
+    names the logits output, `vocab` bounds the ids fed; `feeds`: greedy_feeds' (the prompts:
+    retie.headlookup.prompts_for's)."""
     return {"kind": "head_lookup", "checked": checked, "after": after, "lookups": lookups, **feeds,
             "logits": logits, "vocab": vocab, "folder": folder}
 

@@ -6,11 +6,11 @@ from runtime.inspect.sandbox import isolated, jobs
 
 
 def measure(model, folder, limits, model_bytes, side_by_side=False, settings=SETTINGS):
-    """`model`: {"checked": a Model's checked} (the user's model) or {"model": path} (one this tool wrote), with the
-    feeds' "rows" and "shape", as measure_together's parts; `settings`: those of SETTINGS to measure (all by default).
+    """`model`: a jobs.part (of the user's model or one this tool wrote), as measure_together's parts; `settings`:
+    those of SETTINGS to measure (all by default).
 
-    {setting: {resident_bytes, anonymous_bytes, file_bytes, peak_bytes} or None, "error": why} for each of SETTINGS, each
-    in a fresh isolated child, on the feeds `shape` (runtime.feeds.plan) describes; `side_by_side`: the
+    {setting: answers.Figures' fields as a dict, or None, "error": why} for each of SETTINGS, each in a fresh
+    isolated child, on the feeds `shape` (runtime.feeds.plan) describes; `side_by_side`: the
     children run at once (each measures its own resident set, which another process mapping the same file does not
     change). None where onnxruntime refuses to run the model on the proof's feeds; a crash or time-out is an
     InspectError, like every isolated step."""
@@ -18,7 +18,7 @@ def measure(model, folder, limits, model_bytes, side_by_side=False, settings=SET
     if why:
         return {**{setting: None for setting in settings}, "error": why}
     measured, running = {}, {}
-    source = {k: model[k] for k in ("checked", "model") if k in model}
+    source = jobs.source_of(model)
     try:
         for setting in settings:
             job = jobs.measure(source, folder, model["rows"], model["shape"], SETTINGS[setting])
@@ -48,13 +48,13 @@ def too_large(model_bytes):
 
 def _collect(measured, setting, child):
     try:
-        measured[setting] = child.result()
+        measured[setting] = child.result().figures._asdict()
     except isolated.StepFailed as e:
         measured[setting], measured["error"] = None, str(e).split(": ", 1)[-1]
 
 
 def measure_together(parts, folder, limits, model_bytes, settings=tuple(SETTINGS)):
-    """measure() for a folder: `parts` [{"checked", "rows", "shape"}] one per file, all sessions held in one child
+    """measure() for a folder: `parts` [jobs.part] one per file, all sessions held in one child
     (what the client's process holds), Pss so that pages two sessions map count once; `settings` as measure's."""
     why = too_large(model_bytes)
     if why:

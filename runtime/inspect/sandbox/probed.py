@@ -19,6 +19,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from runtime.model.graph.ops import INTEGER_MATMULS, PACKING
+from runtime.inspect.sandbox import answers
 
 WHY = ("written with prepacking off, in a session of its own (every weight packed again, and a float16 weight's "
        "float32 widening packed beside it, cost that session most of its time and memory); each table copy's "
@@ -35,9 +36,9 @@ def packing_off(proto):
 
 
 def unrecorded(layout, sizes):
-    """{"why": WHY, "probed": [{initializer, kernel, node, bytes}]}: the prepacked copies a session with prepacking
-    on would record of the initializers of `layout` (an optimized model, ModelProto without data) that hold one of
-    `sizes` elements (the tables and their copies), for each packing kernel (ops.PACKING) that reads one."""
+    """answers.Unrecorded(WHY, probed: [{initializer, kernel, node, bytes}]): the prepacked copies a session with
+    prepacking on would record of the initializers of `layout` (an optimized model, ModelProto without data) that hold
+    one of `sizes` elements (the tables and their copies), for each packing kernel (ops.PACKING) that reads one."""
     from runtime.resident import prepacked_copies
     constants, counts = {t.name: t for t in layout.graph.initializer}, set(sizes or ())
     watched = {name for name, t in constants.items() if math.prod(t.dims) in counts}
@@ -49,7 +50,7 @@ def unrecorded(layout, sizes):
         activations = constants[node.input[typed]].data_type if node.input[typed] in constants else TensorProto.FLOAT
         found = prepacked_copies(_probed(layout, node, constants, activations))
         probed += [dict(p, node=node.name or node.output[0]) for p in found if p["initializer"] in watched]
-    return {"why": WHY, "probed": probed}
+    return answers.Unrecorded(WHY, probed)
 
 
 def _alone(layout, node, constants, activations, folder):

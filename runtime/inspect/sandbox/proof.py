@@ -13,7 +13,7 @@ from runtime.inspect.sandbox import agree, headrows
 from runtime.inspect.sandbox.exposed import shown_copy
 from runtime.feeds import USE_CACHE_BRANCH, NoFeeds, describe, no_past_branch, shaped_feeds, steps
 from runtime.inspect.sandbox.folding import made_at_load
-from runtime.inspect.sandbox.jobs import kept_heads_of, rewritten_of
+from runtime.inspect.sandbox.jobs import fed_of, kept_heads_of, rewritten_of
 from runtime.inspect.sandbox.originals import given
 from runtime.resident import resident, sessions_growth
 from runtime.optimized import layout_session
@@ -130,7 +130,7 @@ def proof_feeds(job, proto):
                                 f"({describe(dict(job['shape'], steps=[[past, sequence]]))}): {e} (--proof-past N "
                                 "sets the past length)") from None
         for branch, feeds in runs:
-            for upstream in job.get("upstream", []):
+            for upstream in fed_of(job.get("upstream", [])):
                 feeds = _fed_from(feeds, upstream, made)
             feed_sets.append((describe(dict(job["shape"], steps=[[past, sequence]])) + branch, feeds))
     made.clear()  # the other files' sessions: their outputs are fed, and are all they were for
@@ -259,25 +259,25 @@ def _branch_feeds(model, rows, shape, sequence, past):
 
 
 def _fed_from(feeds, upstream, made):
-    """`feeds` with input upstream["input"] replaced by what the file that makes it gives: upstream {input, output,
-    checked, rows, shape} names another file of the folder (the encoder whose last_hidden_state a decoder reads as
+    """`feeds` with input upstream.input replaced by what the file that makes it gives: `upstream` (a jobs.Fed)
+    names another file of the folder (the encoder whose last_hidden_state a decoder reads as
     encoder_hidden_states, the embed_tokens.onnx whose rows a split decoder reads as inputs_embeds), run as checked
     on its own feeds of the same sequence length. `made` keeps each producer's session and each output it gave (a
     merged decoder's two branches are fed the same value, one session a file)."""
-    name = upstream["input"]
+    name = upstream.input
     if name not in feeds or feeds[name].ndim < 2:
         return feeds
-    path, length = upstream["checked"]["path"], feeds[name].shape[1]
+    path, length = upstream.checked["path"], feeds[name].shape[1]
     if path not in made:
-        checked = source(upstream["checked"])
+        checked = source(upstream.checked)
         folder = checked.folder
         producer = load(path, folder, data=checked.shell)
         made[path] = (producer.proto, Runner(producer.proto, data_folder=folder).session)
     proto, session = made[path]
-    if (path, upstream["output"], length) not in made:
-        (made[path, upstream["output"], length],) = session.run(
-            [upstream["output"]], shaped_feeds(proto, upstream["rows"], upstream["shape"], length))
-    value = made[path, upstream["output"], length]
+    if (path, upstream.output, length) not in made:
+        (made[path, upstream.output, length],) = session.run(
+            [upstream.output], shaped_feeds(proto, upstream.rows, upstream.shape, length))
+    value = made[path, upstream.output, length]
     if value.shape != feeds[name].shape or value.dtype != feeds[name].dtype:
         return feeds  # not the input it feeds, after all: the random one stays
     return dict(feeds, **{name: value})

@@ -9,7 +9,7 @@ import os
 
 from runtime.model.graph.ops import PROFILED_MATMULS
 from runtime.model.read.text import InspectError
-from runtime.inspect.sandbox import isolated, jobs
+from runtime.inspect.sandbox import answers, isolated, jobs
 
 MOST_FLOPS = 10**12  # multiply-adds x 2 of the prefill (its head, or every weight once a token) past which no run is
 # made: ~10 s on this 2-core machine
@@ -45,7 +45,7 @@ def time_prefill(model, info, folder, limits):
     seconds = min(MOST_SECONDS, limits.remaining() / 3)
     own = isolated.Limits(seconds, limits.memory, limits.progress)
     try:  # its own share of the command's time: a prefill too slow to time leaves the rest theirs
-        timing = isolated.call(job, f"running a {tokens}-token prefill once", own, model.file_bytes)
+        timing = isolated.call(job, f"running a {tokens}-token prefill once", own, model.file_bytes).entry()
     except InspectError as e:  # out of memory, out of its time, refused: said, never the command's failure
         if own.remaining() <= 0.001:
             why = f"not timed: the run took past its own budget of {seconds:.0f} s"
@@ -66,7 +66,7 @@ def _flops(count):
 
 def run(job, model, folder, proto):
     """In the child: one run of `model` (bytes or a path; its data in `folder`) at job["tokens"] new tokens and no
-    past, profiled: {"run_seconds", "head_seconds"}, or {"why"} where its feeds cannot be made."""
+    past, profiled: an answers.Timed, its `why` set where its feeds cannot be made."""
     import onnxruntime as ort
 
     from runtime.feeds import NoFeeds, no_past_branch, shaped_feeds
@@ -74,7 +74,7 @@ def run(job, model, folder, proto):
     try:
         feeds = shaped_feeds(proto, job["rows"], dict(job["shape"], past=0), job["tokens"])
     except NoFeeds as e:
-        return {"why": f"not timed: {e}"}
+        return answers.Timed(why=f"not timed: {e}")
     no_past_branch(feeds)  # a merged decoder's prefill: the branch that reads no past
     options = read_data_from(ort.SessionOptions(), folder)  # onnxruntime's defaults, its profiler on
     options.log_severity_level = 3
@@ -94,11 +94,11 @@ def run(job, model, folder, proto):
 
 
 def _shares(events, vocab):
-    """{"run_seconds", "head_seconds"} of a profile's last run (runs())."""
+    """answers.Timed of a profile's last run (runs())."""
     found = runs(events, vocab)
     if not found:
-        return {"why": "not timed: onnxruntime's profile holds no run"}
-    return dict(zip(("run_seconds", "head_seconds"), found[-1]))
+        return answers.Timed(why="not timed: onnxruntime's profile holds no run")
+    return answers.Timed(*found[-1])
 
 
 def runs(events, vocab):

@@ -4,7 +4,7 @@ prefill, check a lookup from the head. Each imports onnxruntime's side lazily: t
 import os
 
 from runtime.model.read.checked import source
-from runtime.inspect.sandbox import ahead, folding
+from runtime.inspect.sandbox import ahead, answers, folding
 
 
 def _model(job):
@@ -19,21 +19,21 @@ def _model(job):
 
 
 def optimize(job):
-    """onnxruntime's optimized model written to job["out"], its prepacked copies recorded. With job["sizes"] (the
-    element counts of the tensors whose copies are looked for), its layout, without data, and what a copy of one
-    of those sizes needs to be compared (_data_written: told by the node that folded it, or the data
+    """answers.Optimized: onnxruntime's optimized model written to job["out"], its prepacked copies recorded. With
+    job["sizes"] (the element counts of the tensors whose copies are looked for), its layout, without data, and what
+    a copy of one of those sizes needs to be compared (_data_written: told by the node that folded it, or the data
     written). Written from the model's shell: the optimized model is the same, its large tensors not parsed into a
     protobuf first."""
     import onnxruntime
 
     from runtime.optimized import write_optimized_layout, write_optimized_model
     _, shell, proto = _model(job)
-    answer = {"onnxruntime": onnxruntime.__version__}  # whose folding and prepacking is described
+    version = onnxruntime.__version__  # whose folding and prepacking is described
     if job.get("sizes") is None:
         write_optimized_model(shell[0], job["out"], prepacked=True, data_folder=shell[1])  # the defaults' prepacks
-        return {**answer, "data": True}
+        return answers.Optimized(version, data=True)
     write_optimized_layout(shell[0], job["out"], data_folder=shell[1])
-    return {**answer, **_data_written(job["out"], shell, proto, _proto(job["out"]), job["sizes"])}
+    return answers.Optimized(version, **_data_written(job["out"], shell, proto, _proto(job["out"]), job["sizes"]))
 
 
 def _proto(model):
@@ -55,9 +55,9 @@ def _copies_to_compare(original, layout, sizes):
 
 
 def measure(job):
-    """What a session adds after one run of the proof's decoder feeds, in this fresh process, opened as its user
-    opens it. With job["layout"], the answer also says what the optimize job's would ("onnxruntime", "data") and
-    how many bytes writing the layout held beside the session measured ("owned_bytes": the figures stand only where
+    """answers.Measured: what a session adds after one run of the proof's decoder feeds, in this fresh process,
+    opened as its user opens it. With job["layout"], its `optimized` also says what the optimize job's would and
+    how many bytes writing the layout held beside the session measured (owned_bytes: the figures stand only where
     that is small): where the model holds its large tensors inline (as its shell left them in the file, or a shell
     past OWNED_MOST), a second session, from the shell, writes the layout after the first is measured and let go;
     otherwise the session measured writes it as it opens (one load for both)."""
@@ -68,7 +68,7 @@ def measure(job):
     (model, folder), (shell, shell_folder), proto = _model(job)
     feeds = first_feeds(proto, job["rows"], job["shape"])
     if not job.get("layout"):
-        return session_growth(model, feeds, job["prepacking"], data_folder=folder)
+        return answers.Measured(answers.Figures(**session_growth(model, feeds, job["prepacking"], data_folder=folder)))
     if _layout_apart(job, model, shell, proto):
         figures = session_growth(model, feeds, job["prepacking"], data_folder=folder)
         let_go()  # the session measured: gone before the next one opens
@@ -80,9 +80,10 @@ def measure(job):
         figures, saved = ahead.measured_showing(job, (model, folder), proto, feeds, written)
         owned, unrecorded = None, None
     layout = _proto(job["layout"])
-    return {**figures, "onnxruntime": onnxruntime.__version__, "originals": saved, "unrecorded": unrecorded,
-            "owned_bytes": owned_bytes(proto, layout) if owned is None else owned,
-            **_data_written(job["layout"], (shell, shell_folder), proto, layout, job.get("sizes"), written)}
+    return answers.Measured(answers.Figures(**figures), answers.Optimized(
+        onnxruntime.__version__, originals=saved, unrecorded=unrecorded,
+        owned_bytes=owned_bytes(proto, layout) if owned is None else owned,
+        **_data_written(job["layout"], (shell, shell_folder), proto, layout, job.get("sizes"), written)))
 
 
 def _layout_apart(job, model, shell, proto):
@@ -103,7 +104,7 @@ def _written_apart(shell, path, proto, sizes, job=None):
     """Write the optimized model at `path` from a session of its own on the model's shell (shell, its folder): its
     layout, or, where the optimizer will make a tensor of one of `sizes` elements whose values are then compared
     (folding.made_at_load; `sizes` None: any), the model with its data at once, one session fewer. (Whether the data
-    was written, the original's outputs saved for a --retie's proof or None, probed.unrecorded's answer or None):
+    was written, the original's outputs saved for a --retie's proof or None, probed.unrecorded's Unrecorded or None):
     where `job` (a measure job or part) is proving (jobs.proving), the session that writes it, the layout or the
     model with its data, shows the heads' hidden vectors and runs the proof's feeds (ahead.run_ahead). A layout
     alone that runs no feeds is written with prepacking off where probed.packing_off allows (issue 57's decision): the
@@ -141,13 +142,13 @@ def _written_apart(shell, path, proto, sizes, job=None):
 
 
 def _data_written(path, shell, proto, layout, sizes, written=False):
-    """{"data": whether the file at `path` is the optimized model with its data, "written": whether what the parent
-    compares is in it}. Where the optimized model `layout` (written at `path`) holds a tensor onnxruntime made of
-    one of `sizes` elements (_copies_to_compare), the node constant folding made it of says which weight it holds
-    and how (folding.folded_from, "folded"; no data file), or, where one was made some other way, the optimized
-    model is written again at `path` with its data, from the model's shell (shell, its folder), in a session of its
-    own once the one measured is let go: no child of its own, one process start fewer. `written`: the data is there
-    already (_written_apart)."""
+    """answers.Optimized's {"data": whether the file at `path` is the optimized model with its data, "written": whether
+    what the parent compares is in it}. Where the optimized model `layout` (written at `path`) holds a tensor
+    onnxruntime made of one of `sizes` elements (_copies_to_compare), the node constant folding made it of says which
+    weight it holds and how (folding.folded_from, "folded"; no data file), or, where one was made some other way, the
+    optimized model is written again at `path` with its data, from the model's shell (shell, its folder), in a session
+    of its own once the one measured is let go: no child of its own, one process start fewer. `written`: the data is
+    there already (_written_apart)."""
     from runtime.resident import let_go
     from runtime.optimized import write_optimized_model
     if not _copies_to_compare(proto, layout, sizes):
@@ -164,9 +165,9 @@ def _data_written(path, shell, proto, layout, sizes, written=False):
 
 
 def measure_together(job):
-    """What sessions on every file of a folder add when one process holds them all (Pss), after one run each. Where
-    the parts name a "layout", each file's optimized model's layout is written there too, and the answer's "layouts"
-    says for each part what its optimize job would ("onnxruntime", "data") and "owned_bytes", as _measure's does: a
+    """answers.Together: what sessions on every file of a folder add when one process holds them all (Pss), after
+    one run each. Where the parts name a "layout", each file's optimized model's layout is written there too, and
+    its `layouts` says for each part what its optimize job would, and owned_bytes, as measure's does: a
     file whose large tensors are external data writes it in the session measured (one load for both), one that holds
     them inline from its shell in a session of its own once every session measured is let go."""
     import onnxruntime
@@ -189,7 +190,7 @@ def measure_together(job):
             showing[i] = (shown, copy.SerializeToString())
     figures, given = ahead.together_showing(models, showing, protos, job)
     if not any(part.get("layout") for part in job["files"]):
-        return figures
+        return answers.Together(answers.Figures(**figures))
     let_go()  # the sessions measured: gone before a layout's own session opens
     apart = {layout: _written_apart(shell, layout, proto, part["sizes"], part) for shell, layout, proto, part in later}
     layouts = []
@@ -200,39 +201,45 @@ def measure_together(job):
         layout = _proto(part["layout"])
         owned = 0 if part["layout"] in apart else owned_bytes(proto, layout)
         written, saved, unrecorded = apart.get(part["layout"], (run[4], given.get(i), None))  # as it opened, or apart
-        layouts.append({"onnxruntime": onnxruntime.__version__, "owned_bytes": owned, "originals": saved,
-                        "unrecorded": unrecorded,
-                        **_data_written(part["layout"], shell, proto, layout, part["sizes"], written)})
-    return {**figures, "layouts": layouts}
+        layouts.append(answers.Optimized(onnxruntime.__version__, owned_bytes=owned, originals=saved,
+                                         unrecorded=unrecorded,
+                                         **_data_written(part["layout"], shell, proto, layout, part["sizes"], written)))
+    return answers.Together(answers.Figures(**figures), layouts)
 
 
 def prove(job):
-    """The proof's failures and, where the retied model's session wrote its optimized model's layout, whether that
-    layout holds a tensor of job["sizes"] elements it did not (its data then written there too, to be compared), the
-    session's figures where job["measure"], the bytes writing the layout held (resident.owned_bytes), and where the
-    weights are read in place how far the other outputs lie from the original's under the defaults (proof._drift)."""
+    """answers.Proved: the proof's failures and, where the retied model's session wrote its optimized model's
+    layout, whether that layout holds a tensor of job["sizes"] elements it did not (its data then written there too,
+    to be compared), the session's figures where job["measure"], the bytes writing the layout held
+    (resident.owned_bytes), and where the weights are read in place how far the other outputs lie from the
+    original's under the defaults (proof._drift)."""
+    import onnxruntime
+
     from runtime.inspect.sandbox.proof import OriginalFails, prove
     from runtime.resident import owned_bytes
     try:
         proven = prove(job)
     except OriginalFails as e:
-        return {"failures": [], "original": str(e)}
-    answer = {"failures": proven.failures, "kept": proven.kept, "drift": proven.drift, "heads": proven.heads}
+        return answers.Proved([], original=str(e))
+    answer = answers.Proved(proven.failures, kept=proven.kept, drift=proven.drift, heads=proven.heads)
     if not job.get("layout"):
         return answer
     retied, layout = _proto(job["after"]), _proto(job["layout"])
-    return {**answer, "measured": proven.figures, "owned_bytes": owned_bytes(retied, layout),
-            **_data_written(job["layout"], (job["after"], None), retied, layout, job.get("sizes"), proven.written)}
+    return answer._replace(
+        measured=None if proven.figures is None else answers.Figures(**proven.figures),
+        optimized=answers.Optimized(onnxruntime.__version__, owned_bytes=owned_bytes(retied, layout), **_data_written(
+            job["layout"], (job["after"], None), retied, layout, job.get("sizes"), proven.written)))
 
 
 def prefill(job):
-    """One profiled run of the model at job["tokens"] prompt tokens (runtime.inspect.sandbox.timing)."""
+    """answers.Timed: one profiled run of the model at job["tokens"] prompt tokens (runtime.inspect.sandbox.timing)."""
     from runtime.inspect.sandbox import timing
     (model, folder), _, proto = _model(job)
     return timing.run(job, model, folder, proto)
 
 
 def head_lookup(job):
-    """--lookup-from-head's rows checked for every id and its greedy tokens (runtime.inspect.sandbox.headrows)."""
+    """answers.LookedUp: --lookup-from-head's rows checked for every id and its greedy tokens
+    (runtime.inspect.sandbox.headrows)."""
     from runtime.inspect.sandbox import headrows
     return headrows.check(job)
