@@ -185,8 +185,8 @@ class Examination:
             return optimized_version(self.first, model.path), self._measured(self.settings)
         measured = {}
         again = ["defaults"] if answer.optimized.owned_bytes > OWNED_MOST else []  # writing held what they count
-        if not again:  # (kept_bytes, as before, not among them here)
-            measured["defaults"] = {k: v for k, v in answer.figures._asdict().items() if k != "kept_bytes"}
+        if not again:
+            measured["defaults"] = answer.figures._asdict()
         others = [s for s in self.settings if s != "defaults"]
         return self._data(answer.optimized), {**measured, **self._measured(again + others)}
 
