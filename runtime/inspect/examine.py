@@ -11,7 +11,7 @@ from runtime.model.findings.relations import relate, table_shaped
 from runtime.model.findings.vocabulary import copy_key, vocabulary
 from runtime.model.found import Findings, static_findings
 from runtime.model.graph.entries import HeadEntry
-from runtime.model.graph.walk import find_tables_and_heads, lookup_ids
+from runtime.model.graph.walk import find_tables_and_heads, lookup_rows
 from runtime.model.read import paths
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
@@ -69,7 +69,7 @@ class Examination:
         self.tables, self.heads = find_tables_and_heads(model)
         # what a copy onnxruntime makes may hold: a table's values (a folder's other files' tables may be any head's)
         self.watched = self.tables + (table_shaped(self.tables, self.heads) if measure else self.heads)
-        self.rows = {lookup_ids(t): t.vocab for t in self.tables}  # each lookup's ids, and the rows they may name
+        self.rows = lookup_rows(self.tables)
         self.settings = list(measure) if self.tables else []  # nothing to measure without a table
         # one child measures the defaults and writes the layout (one session, or, where the model holds its tensors
         # inline, a second one from its shell once the first is measured: work.measure)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from runtime.model.findings import counting
 from runtime.model.findings.relations import relate
 from runtime.model.findings.vocabulary import vocabulary
-from runtime.model.graph.walk import find_tables_and_heads, lookup_ids
+from runtime.model.graph.walk import find_tables_and_heads, lookup_rows
 from runtime.model.graph.weights import shared_weights
 
 
@@ -53,7 +53,7 @@ class Findings:
     @property
     def rows(self):
         """{ids input: vocab}: each lookup's ids, and the rows they may name (the decoder feeds' bound)."""
-        return {lookup_ids(t): t.vocab for t in self.tables}
+        return lookup_rows(self.tables)
 
     @functools.cached_property
     def initializers(self):

@@ -225,6 +225,11 @@ def _integer_head(model, node, scope):
     return HeadEntry(**fields, quant=quant, as_table=weight[1] % 2 == 1, scores=scope.scored(node))
 
 
+def lookup_rows(tables):
+    """{ids input: vocab}: each lookup's ids, and the rows they may name (the decoder feeds' bound)."""
+    return {lookup_ids(t): t.vocab for t in tables}
+
+
 def lookup_ids(table):
     """The input a TableEntry's lookup takes its ids from (Gather's indices, or what its OneHot encodes)."""
     return table.ids or table.node.input[1]
