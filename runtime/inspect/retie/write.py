@@ -84,9 +84,10 @@ def proven(plan, folder, limits, upstream=(), in_place=None, out=None):
 def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=False):
     """Prove `plan`'s rewritten model, written at `staged` (isolated; `folder` the scratch folder its proof writes
     in) and count the copies a session would hold under onnxruntime's defaults: a Proof, its `staged` None.
-    InspectError when the original cannot be run on the proof's feeds (nothing about the retie is known). `upstream`: the inputs other files of a folder make (proof._fed_from); `in_place`: the weights
-    retie.branches read in place (branches.Shared, its drift set from the proof), so the original is run with
-    prepacking off and no session may prepack them; the plan's `keep` gets the proof's {"exact"} as its `kept`."""
+    InspectError when the original cannot be run on the proof's feeds (nothing about the retie is known).
+    `upstream`: the inputs other files of a folder make (proof._fed_from); `in_place`: the weights retie.branches
+    read in place (branches.Shared, its drift set from the proof), so the original is run with prepacking off and
+    no session may prepack them; the plan's `keep` gets the proof's {"exact"} as its `kept`."""
     model, found, rewritten, _, keep, looked_up = plan
     refused = (found.originals or {}).get("refused")  # inspect's child ran the original on the proof's feeds
     if refused and not (in_place or upstream or looked_up):  # as the proof would: no child of the proof started
