@@ -438,7 +438,8 @@ def test_weights_read_in_only_one_graph_are_left_as_they_are():
         plain, shared = load(os.path.join(where, "plain.onnx")), load(os.path.join(where, "shared.onnx"))
     none, both = branches.shared_weights(plain), branches.shared_weights(shared)
     assert none == {} and branches.why_not(plain, [], none) == "no MatMul weight is read in two graphs"
-    assert both == {name: ["main/optimum::if.else_branch", "main/optimum::if.then_branch"] for name in ("w_in", "w_out")}
+    branches_of = ["main/optimum::if.else_branch", "main/optimum::if.then_branch"]
+    assert both == {name: branches_of for name in ("w_in", "w_out")}
     assert branches.why_not(shared, [{"kernel": "MatMul"}], both) is None
     assert branches.why_not(shared, [{"kernel": "Conv"}], both) == "its Conv kernels prepack too"
 

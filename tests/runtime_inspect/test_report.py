@@ -71,7 +71,8 @@ def test_retie_reports_bytes_saved(tmp_path):
     assert line.endswith(f" on disk (saved {saved / 1024:.1f} KiB)"), line
 
 
-MEASURED = ("resident_bytes", "anonymous_bytes", "file_bytes", "peak_bytes", "kept_bytes", "times_table")  # move between runs
+# the figures that move between runs
+MEASURED = ("resident_bytes", "anonymous_bytes", "file_bytes", "peak_bytes", "kept_bytes", "times_table")
 
 
 def unmeasured(vocabulary):
