@@ -14,6 +14,7 @@ from runtime.inspect.analysis import analyse
 from runtime.model.read.layout import client_files
 from runtime.model.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report, variants_json, variants_report
+from runtime.inspect.retie import quality
 from runtime.inspect.retie.folder import retie_folder
 from runtime.inspect.retie.variants import retie_variants
 from runtime.inspect.retie.write import Asked, retie
@@ -127,6 +128,15 @@ def _check_args(args, prog):
         raise UsageError(f"{prog}: error: --logits-to-keep is a rewrite --retie makes; give it with --retie OUT")
     if args.lookup_from_head and args.retie is None:
         raise UsageError(f"{prog}: error: --lookup-from-head is a rewrite --retie makes; give it with --retie OUT")
+    lossy = args.lookup_from_head
+    for flag, given in (("--text", args.text), ("--reference", args.reference)):
+        if given is not None and not lossy:
+            raise UsageError(f"{prog}: error: {flag} measures the price of a --retie that changes values; give it "
+                             "with --retie OUT --lookup-from-head")
+    if args.text is not None:
+        args.text = quality.checked_text(args.text)
+    if args.reference is not None and not os.path.exists(args.reference):
+        raise UsageError(f"{prog}: error: --reference {args.reference}: no such file or folder")
     if args.retie is not None:
         (_check_out_folder if os.path.isdir(args.model) else _check_out)(args.retie, args.model)
 
@@ -180,13 +190,16 @@ def _work(args, prog, folder):
         if args.retie is None:
             return _checked(args, analysis.verdict)
         retied = {"out": args.retie, "status": None, "lookup_from_head": [] if args.lookup_from_head else None}
+        qualities = []
         try:  # with --json, the document follows the retie: its record is part of it
             retied["status"] = _retie(analysis, args, folder, limits, _writer(said, progress),
-                                      Asked(args.logits_to_keep, args.lookup_from_head, retied["lookup_from_head"]))
+                                      Asked(args.logits_to_keep, args.lookup_from_head, retied["lookup_from_head"],
+                                            args.text, args.reference, qualities))
             return _released(said, retied["status"])
         finally:
             progress.done()
             if args.json:
+                retied["quality"] = (qualities[0] if qualities else None) if analysis.kind == "file" else qualities
                 _render(analysis, args, retied)
     except (InspectError, FileExistsError) as e:
         print(printable(f"{prog}: error: {e}"), file=sys.stderr)

@@ -8,6 +8,7 @@ from runtime.model.read import sidecars
 from runtime.model.read.layout import DTYPES
 from runtime import feeds
 from runtime.inspect.sandbox import isolated
+from runtime.inspect.retie.quality import SCORED
 
 DESCRIPTION = """Find tied, duplicated and runtime-copied tables in an ONNX model, and optionally retie them.
 
@@ -138,6 +139,13 @@ def parser():
                              "8-bit block codes, the lookup reads those codes (GatherBlockQuantized) and the float "
                              "table goes; opt-in: each looked-up row becomes the head's dequantization of it, proven "
                              "bit for bit, and the greedy tokens' agreement with the original is measured and said")
+    found.add_argument("--text", metavar="FILE",
+                        help="with a --retie that changes values (--lookup-from-head): the UTF-8 text its price is "
+                             "measured on, teacher-forced (KL divergence, same top token, perplexity; at least "
+                             f"{SCORED} tokens where the text has them); default: the project's own text")
+    found.add_argument("--reference", metavar="MODEL|FOLDER",
+                        help="with a --retie that changes values: the float model the original and OUT are both "
+                             "measured against (default: a transformers.js folder's fp32 variant, where there is one)")
     found.add_argument("--timeout", type=positive, metavar="S",
                         help="wall-clock seconds the whole command may take, onnxruntime's steps included; past them "
                              f"it stops with one line and writes nothing (default {isolated.TIMEOUT:g}, and "

@@ -123,8 +123,11 @@ def test_lookup_from_head_rows_are_the_heads_and_all_else_bit_for_bit(fixture, t
                                                    else float_table.T).astype(np.float64))
     moved = next(line for line in said if "is gone: the lookup reads" in line)
     assert f"moved by up to {change.max():.3g} " in moved and "every id checked" in moved
-    agreed = next(line for line in said if "greedy," in line)
-    assert "8 prompts, fixed ids" in agreed and " of 128 tokens agree" in agreed  # no tokenizer.json here
+    price = next(line for line in said if "its price on the model's choices was not measured" in line)
+    assert "no tokenizer.json" in price  # none here: the greedy runs' agreement is --json's
+    agreement = json.loads(inspected(source, "--retie", tmp_path / "again", "--lookup-from-head", "--json").stdout)
+    (entry,) = agreement["retie"]["lookup_from_head"]
+    assert entry["token_agreement"]["prompts_from"] == "fixed ids" and entry["token_agreement"]["tokens"] == 128
     size = sum(os.path.getsize(tmp_path / "out" / f) for f in os.listdir(tmp_path / "out") if "onnx" in f)
     was = sum(os.path.getsize(os.path.join(source, f)) for f in os.listdir(source) if "onnx" in f)
     assert size <= was - 0.85 * float_table.nbytes  # the target: the float table's bytes, less what the view adds

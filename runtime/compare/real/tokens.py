@@ -9,7 +9,7 @@ from runtime.model.read import sidecars
 from runtime.model.read.text import InspectError, printable
 
 TOKENIZER = "tokenizer.json"
-TOKENIZER_MOST = 64 * 2**20  # a tokenizer.json past this is not one (Gemma's is 34 MB)
+TOKENIZER_MOST = sidecars.TOKENIZER_MOST
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's byte fallback: made where no piece holds a byte
 
 

@@ -16,7 +16,7 @@ from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import external_sources
 from runtime.inspect.retie.headlookup import DECODED
 from runtime.inspect.retie.rewrite import borrow
-from runtime.inspect.retie import lines, outcomes, transformersjs
+from runtime.inspect.retie import lines, outcomes, quality, transformersjs
 from runtime.inspect.retie import keep as keeps
 from runtime.inspect.retie import write
 from runtime.inspect.sandbox import jobs
@@ -180,6 +180,10 @@ def proven_files(files, staged, scratch, limits, say, asked=Asked()):
         if failures:
             say(lines.failure_line(failures[0], f"{name}: "))
             return None
+        price = write.priced(f.plan, staged.path(f.name), where, limits, asked, name) if not f.fed else (
+            {"not_measured": "its inputs are another file's outputs"} if looked_up else None)
+        for line in quality.lines(price, f"{name}: ") if price else ():
+            say(line)
         if rewritten:
             say(lines.rewritten_line(rewritten, model, info.shape, f"{name}: ", f.fed, weights, bool(looked_up)))
         if looked_up:

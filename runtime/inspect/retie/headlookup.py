@@ -3,7 +3,6 @@ codes is looked up from those codes instead (GatherBlockQuantized, com.microsoft
 The float table goes, the head is untouched, and each looked-up row becomes the head's own dequantization of its
 token: (code - zero point) x scale, rounded once to the scale's type."""
 import dataclasses
-import os
 from typing import NamedTuple
 
 import numpy as np
@@ -16,7 +15,6 @@ from runtime.model.read import sidecars
 from runtime.inspect.retie.edits import const, shell, unique_name, view_of
 from runtime.inspect.retie.packed import gather_packed_in_place
 
-TOKENIZER_MOST = 64 * 2**20  # a tokenizer.json past this is not one (Gemma's is 34 MB)
 DECODED = "standard ops"  # the form for runtimes with no GatherBlockQuantized kernel: decoded_lookup
 
 
@@ -118,29 +116,14 @@ TEXTS = ("The capital of France is", "Once upon a time, there was", "def fibonac
 
 
 def prompts_for(model_path, vocab):
-    """The greedy runs' prompts: TEXTS made ids by the model's tokenizer.json (beside the model, or above a
-    transformers.js folder's onnx/), special tokens added as a client adds them, every id below `vocab`; None where
-    there is no tokenizer (or the tokenizers library), and the runs take fixed ids."""
-    try:
-        import tokenizers
-    except ImportError:
+    """The greedy runs' prompts: TEXTS made ids by the model's tokenizer.json (sidecars.tokenizer), special tokens
+    added as a client adds them, every id below `vocab`; None where there is no tokenizer (or the tokenizers
+    library), and the runs take fixed ids."""
+    tokenizer = sidecars.tokenizer(model_path)
+    if tokenizer is None:
         return None
-    folder = os.path.dirname(os.path.abspath(model_path))
-    places = [model_path] + ([os.path.join(os.path.dirname(folder), "model.onnx")]
-                             if os.path.basename(folder) == "onnx" else [])
-    for place in places:
-        raw = sidecars.read(place, "tokenizer.json", TOKENIZER_MOST)
-        if raw is None:
-            continue
-        try:
-            tokenizer = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
-        except Exception:  # noqa: BLE001 - the library's own parse error, whatever its type: fixed ids then
-            return None
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
-        made = [tokenizer.encode(text).ids for text in TEXTS]
-        return made if all(made) and all(0 <= i < vocab for ids in made for i in ids) else None
-    return None
+    made = [tokenizer.encode(text).ids for text in TEXTS]
+    return made if all(made) and all(0 <= i < vocab for ids in made for i in ids) else None
 
 
 def unpacked_zero_points(model, q, vocab, blocks):

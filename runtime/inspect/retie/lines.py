@@ -78,10 +78,10 @@ LOOKED_UP_SAME = " against the original looking up the head's rows"  # --lookup-
 
 def lookup_lines(looked_up, found, measured=None, where=""):
     """[line]: the lines that say what --lookup-from-head did (write.Plan's `looked_up`, its proof's record): each float
-    table gone, its rows now the head's (checked for every id) and how far they moved; the greedy tokens' agreement
-    with the original and the first step's largest logit change; the resident growth of a run before -> after where
-    `measured` ({"defaults": figures}) says it."""
-    said, greedy = [], looked_up["record"].greedy  # answers.Agreement
+    table gone, its rows now the head's (checked for every id) and how far they moved, and the resident growth of a
+    run before -> after where `measured` ({"defaults": figures}) says it. What that costs the model's choices leads
+    (retie.quality.lines); the greedy runs' agreement is --json's (token_agreement)."""
+    said = []
     vocabulary = {v["table"]: v for v in found.vocabulary}
     for lookup in looked_up["lookups"]:
         v, change = vocabulary[lookup.table], looked_up["changes"][lookup.table]
@@ -93,10 +93,6 @@ def lookup_lines(looked_up, found, measured=None, where=""):
                     f"{lookup.codes}, each of its {v['vocab_size']} rows the head's dequantization bit for bit (every "
                     f"id checked); a row's element moved by up to {change['max_row_change']:.3g} "
                     f"({change['max_row_change_in_steps']:.2f} of its quantization step){grew}\n")
-    said.append(f"retie: {where}the rows changed, so the model's choices may: greedy, {greedy.agreed} of "
-                f"{greedy.tokens} tokens agree with the original's before they first differ ({greedy.prompts} "
-                f"prompts, {greedy.prompts_from}; the first token on {greedy.same_first} of {greedy.prompts}); the "
-                f"first step's logits moved by up to {greedy.max_logit_change:.3g}\n")
     return said
 
 

@@ -11,7 +11,7 @@ from runtime.model.findings.vocabulary import copy_key
 from runtime.model.read import sidecars
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
-from runtime.inspect.retie import branches, headlookup, lines
+from runtime.inspect.retie import branches, headlookup, lines, quality
 from runtime.inspect.retie.keep import keep_last
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import folding, isolated, jobs, memory
@@ -21,10 +21,15 @@ from runtime.resident import OWNED_MOST, copies_held, prepacked_copies
 class Asked(NamedTuple):
     """What --retie is asked to rewrite besides duplicated tables: --logits-to-keep's K (or None) and
     --lookup-from-head; `records`, where given, gets lookup_records' entries of every file as it is proven (--json's
-    retie record)."""
+    retie record). A lossy retie's price is measured on `text` (--text's quality.Text, None: the default) against
+    `reference` (--reference's path, None: a transformers.js folder's fp32 variant where there is one); `qualities`,
+    where given, gets each measured file's quality record, with its "file"."""
     logits_to_keep: int | None = None
     lookup_from_head: bool = False
     records: list | None = None
+    text: object = None
+    reference: str | None = None
+    qualities: list | None = None
 
 
 def lookup_records(looked_up, file=None):
@@ -234,6 +239,7 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
         if failures:
             say(lines.failure_line(failures[0]))
             return 1
+        price = priced(plan, staged.path, folder, limits, asked, model.path)
         if measured is None:  # what gained_line reports
             part = jobs.part(jobs.tool_model(staged.path), found.rows, found.shape)
             measured = memory.measure(part, folder, limits, model.file_bytes, settings=["defaults"])
@@ -245,6 +251,8 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
         staged.discard()
     limits.committing()  # OUT is in place: what is left (these lines, the sidecars) is not cut off by the deadline
     size = sum(os.path.getsize(p) for p in written)
+    for line in quality.lines(price) if price else ():
+        say(line)
     if rewritten:
         say(lines.rewritten_line(rewritten, model, found.shape, weights=weights, replaced=bool(looked_up)))
     if looked_up:
@@ -263,6 +271,18 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
     for line in sidecars.copy_beside(model.path, out_path):
         say(f"retie: {line}\n")
     return 0
+
+
+def priced(plan, staged, folder, limits, asked, file):
+    """The quality record (retie.quality.measure) of a plan whose rewrite changes values (--lookup-from-head),
+    proven and staged at `staged`, measured against its original; kept in asked.qualities with its `file`. None
+    where the plan changes no value."""
+    if not plan.looked_up:
+        return None
+    found = quality.measure(plan.model, plan.found, staged, folder, limits, asked.text, asked.reference)
+    if asked.qualities is not None:
+        asked.qualities.append({"file": file, **found})
+    return found
 
 
 def planned_keeping(model, found, say, logits_to_keep, lookup_from_head=False):

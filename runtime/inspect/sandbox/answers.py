@@ -109,6 +109,40 @@ class LookedUp(NamedTuple):
     greedy: Agreement
 
 
+class Against(NamedTuple):
+    """The original and the retied model each measured against a float reference (sandbox.quality): the mean KL
+    divergence KL(reference || model) in nats, the share of positions whose top token is the reference's, the
+    reference's own perplexity, and each mean's 99th percentile."""
+    kld_mean_original: float
+    kld_mean_out: float
+    same_top_original: float
+    same_top_out: float
+    ppl: float
+    kld_p99_original: float
+    kld_p99_out: float
+
+
+class Quality(NamedTuple):
+    """A quality job's answer (sandbox.quality.measure): the `tokens_scored` positions' mean KL(original || OUT) in
+    nats and its 99th percentile, the share whose top token is the same, each model's perplexity on the text, an
+    Against where a reference was given (else None) and the `seconds` it took; or only `why` the models could not
+    be compared on the text (one line)."""
+    tokens_scored: int = 0
+    kld_mean: float | None = None
+    kld_p99: float | None = None
+    same_top: float | None = None
+    ppl_original: float | None = None
+    ppl_out: float | None = None
+    reference: Against | None = None
+    seconds: float | None = None
+    why: str | None = None
+
+    @classmethod
+    def failed(cls, why):
+        """The answer of models that could not be compared on the text: `why`, in one line."""
+        return cls(why=why)
+
+
 def wire(answer):
     """`answer` as JSON can hold it: every NamedTuple within an object of its fields."""
     if hasattr(answer, "_asdict"):
@@ -145,6 +179,7 @@ _MAKE = {
     "prefill": lambda obj: _made(Timed, obj),
     "head_lookup": lambda obj: _made(LookedUp, obj, rows=lambda rows: [_made(RowsChecked, r) for r in rows],
                                      greedy=lambda greedy: _made(Agreement, greedy)),
+    "quality": lambda obj: _made(Quality, obj, reference=lambda r: _made(Against, r)),
 }
 
 

@@ -24,7 +24,8 @@ def _first_line(e):
 
 
 _JOBS = {"optimize": work.optimize, "measure": work.measure, "measure_together": work.measure_together,
-         "prove": work.prove, "prefill": work.prefill, "head_lookup": work.head_lookup}
+         "prove": work.prove, "prefill": work.prefill, "head_lookup": work.head_lookup,
+         "quality": work.quality}
 
 
 def main(path):

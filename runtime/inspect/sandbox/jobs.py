@@ -170,6 +170,20 @@ def head_lookup(checked, after, lookups, feeds, logits, vocab, folder):
             "logits": logits, "vocab": vocab, "folder": folder}
 
 
+def scored(source, ids, logits, rows, shape):
+    """One model a quality job runs: its source (user_model, tool_model), its token ids input, its logits output,
+    and its feeds' rows and plan (runtime.feeds.plan)."""
+    return {**source, "ids": ids, "logits": logits, "rows": rows, "shape": shape}
+
+
+def quality(original, out, reference, windows, folder):
+    """Run the original, the retied model and a float reference (each scored(); the reference may be None)
+    teacher-forced over `windows` (lists of token ids, each from an empty past) and compare their next-token
+    distributions (sandbox.quality)."""
+    return {"kind": "quality", "original": original, "out": out, "reference": reference, "windows": windows,
+            "folder": folder}
+
+
 def prove(proof, folder):
     """The prove job for `proof` (a Proof), its scratch files in `folder`."""
     return {"kind": "prove", "folder": folder, **proof._asdict()}

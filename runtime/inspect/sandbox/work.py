@@ -243,3 +243,9 @@ def head_lookup(job):
     (runtime.inspect.sandbox.headrows)."""
     from runtime.inspect.sandbox import headrows
     return headrows.check(job)
+
+
+def quality(job):
+    """answers.Quality: a lossy retie's price, teacher-forced over a text (runtime.inspect.sandbox.quality)."""
+    from runtime.inspect.sandbox import quality as measured
+    return measured.measure(job)

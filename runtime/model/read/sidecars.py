@@ -11,6 +11,7 @@ from runtime.model.read import paths
 from runtime.model.read.text import InspectError
 
 MAX_BYTES = 16 * 2**20  # a config or tokenizer file larger than this is not one
+TOKENIZER_MOST = 64 * 2**20  # a tokenizer.json past this is not one (Gemma's is 34 MB)
 
 GENAI_CONFIG = "genai_config.json"
 
@@ -43,6 +44,31 @@ def read(model_path, name, most=MAX_BYTES):
         return None
     with os.fdopen(fd, "rb") as f:
         return f.read(most + 1)[:most]
+
+
+def tokenizer(model_path):
+    """The model's tokenizer.json as the tokenizers library makes it (beside the model, or above a transformers.js
+    folder's onnx/), with no padding or truncation: a text is tokenized whole. None where there is none, or the
+    library is not installed or refuses the file."""
+    try:
+        import tokenizers
+    except ImportError:
+        return None
+    folder = os.path.dirname(os.path.abspath(model_path))
+    places = [model_path] + ([os.path.join(os.path.dirname(folder), "model.onnx")]
+                             if os.path.basename(folder) == "onnx" else [])
+    for place in places:
+        raw = read(place, "tokenizer.json", TOKENIZER_MOST)
+        if raw is None:
+            continue
+        try:
+            made = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception:  # noqa: BLE001 - the library's own parse error, whatever its type
+            return None
+        made.no_padding()
+        made.no_truncation()
+        return made
+    return None
 
 
 def genai_config(model_path):
