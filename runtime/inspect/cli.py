@@ -16,6 +16,7 @@ from runtime.model.read.text import InspectError, printable
 from runtime.inspect.report import as_json, folder_json, folder_report, report, variants_json, variants_report
 from runtime.inspect.retie import quality
 from runtime.inspect.retie.folder import retie_folder
+from runtime.inspect.retie.rules import LOOKUP_FROM_HEAD, SHARED_INT8, Lossy
 from runtime.inspect.retie.variants import retie_variants
 from runtime.inspect.retie.write import Asked, retie
 from runtime.inspect.sandbox import guard, isolated
@@ -128,11 +129,15 @@ def _check_args(args, prog):
         raise UsageError(f"{prog}: error: --logits-to-keep is a rewrite --retie makes; give it with --retie OUT")
     if args.lookup_from_head and args.retie is None:
         raise UsageError(f"{prog}: error: --lookup-from-head is a rewrite --retie makes; give it with --retie OUT")
-    lossy = args.lookup_from_head
+    if args.shared_int8 and args.retie is None:
+        raise UsageError(f"{prog}: error: --shared-int8 is a rewrite --retie makes; give it with --retie OUT")
+    if args.shared_int8 and args.lookup_from_head:
+        raise UsageError(f"{prog}: error: --lookup-from-head and --shared-int8 are two ways to keep one table; give "
+                         "one of them")
     for flag, given in (("--text", args.text), ("--reference", args.reference)):
-        if given is not None and not lossy:
+        if given is not None and not (args.lookup_from_head or args.shared_int8):
             raise UsageError(f"{prog}: error: {flag} measures the price of a --retie that changes values; give it "
-                             "with --retie OUT --lookup-from-head")
+                             "with --retie OUT --lookup-from-head or --shared-int8")
     if args.text is not None:
         args.text = quality.checked_text(args.text)
     if args.reference is not None and not os.path.exists(args.reference):
@@ -189,11 +194,13 @@ def _work(args, prog, folder):
             _render(analysis, args)
         if args.retie is None:
             return _checked(args, analysis.verdict)
-        retied = {"out": args.retie, "status": None, "lookup_from_head": [] if args.lookup_from_head else None}
+        lossy = (Lossy(LOOKUP_FROM_HEAD) if args.lookup_from_head else Lossy(SHARED_INT8) if args.shared_int8
+                 else None)
+        retied = {"out": args.retie, "status": None, "lookup_from_head": [] if lossy else None}
         qualities = []
         try:  # with --json, the document follows the retie: its record is part of it
             retied["status"] = _retie(analysis, args, folder, limits, _writer(said, progress),
-                                      Asked(args.logits_to_keep, args.lookup_from_head, retied["lookup_from_head"],
+                                      Asked(args.logits_to_keep, lossy, retied["lookup_from_head"],
                                             args.text, args.reference, qualities))
             return _released(said, retied["status"])
         finally:

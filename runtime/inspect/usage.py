@@ -138,7 +138,13 @@ def parser():
                         help="with --retie: where a MatMulNBits head holds a float lookup table's values as 4- or "
                              "8-bit block codes, the lookup reads those codes (GatherBlockQuantized) and the float "
                              "table goes; opt-in: each looked-up row becomes the head's dequantization of it, proven "
-                             "bit for bit, and the greedy tokens' agreement with the original is measured and said")
+                             "bit for bit, and what that costs the model is measured on a text (--text) and said")
+    found.add_argument("--shared-int8", action="store_true",
+                        help="with --retie: where a MatMulNBits head holds a float lookup table's values as block "
+                             "codes, one int8 table made anew from the float one (blocks of 32, symmetric, scales of "
+                             "the head's type, no zero points) is read by the head (bits=8) and by the lookup; the "
+                             "float table and the head's old codes go; opt-in: the values change, proven rows, "
+                             "measured price (excludes --lookup-from-head)")
     found.add_argument("--text", metavar="FILE",
                         help="with a --retie that changes values (--lookup-from-head): the UTF-8 text its price is "
                              "measured on, teacher-forced (KL divergence, same top token, perplexity; at least "

@@ -14,7 +14,6 @@ from runtime.model.read import sidecars
 from runtime.model.read.layout import transformersjs_root
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import external_sources
-from runtime.inspect.retie.headlookup import DECODED
 from runtime.inspect.retie.rewrite import borrow
 from runtime.inspect.retie import lines, outcomes, quality, transformersjs
 from runtime.inspect.retie import keep as keeps
@@ -48,7 +47,7 @@ def retie_folder(result, out, scratch, limits, say, asked=Asked()):
     written (or nothing to do), 1 a file's proof failed (nothing written). `asked`: write.Asked's --logits-to-keep
     (for each file whose head scores every prompt position: retie.keep) and --lookup-from-head."""
     logits_to_keep = asked.logits_to_keep
-    files = planned_files(result, say, logits_to_keep, asked.lookup_from_head)
+    files = planned_files(result, say, logits_to_keep, asked.lossy)
     tjs = transformersjs_root(result["folder"])  # (root, where its files lie) of a transformers.js folder, or None
     merges = not tjs and any(p["relation"] == "duplicate" for p in result["across"]["pairs"])  # one data file merges
     if not any(f.plan for f in files) and not merges:
@@ -128,14 +127,14 @@ class StagedOut:
             self.staged = None
 
 
-def planned_files(result, say, logits_to_keep, lookup_from_head=False):
+def planned_files(result, say, logits_to_keep, lossy=None):
     """[File] of every file of `result`, in its order: each rewritten as retie.rewrite and retie.keep plan (its
     proto changed), a head reading another file's table pointed at it (borrow), or left as it is. A transformers.js
     folder's lookups from the head are decoded in standard ops (the browser's onnxruntime-web has no kernel for
     GatherBlockQuantized)."""
     files, place = [], outcomes.placed(result)
-    if lookup_from_head and transformersjs_root(result["folder"]):
-        lookup_from_head = DECODED
+    if lossy is not None and transformersjs_root(result["folder"]):
+        lossy = lossy._replace(decoded=True)
     borrowed, fed = _borrowed_tables(result, say), upstream(result["items"])
     keeping = _keeping(result["items"], logits_to_keep, say)
     for item in result["items"]:
@@ -143,7 +142,7 @@ def planned_files(result, say, logits_to_keep, lookup_from_head=False):
         said = lambda line, name=name: say(line.replace("retie: ", f"retie: {name}: ", 1))
         rewritten, sources, keep, looked_up = planned_keeping(model, item["info"], said,
                                                               logits_to_keep if name in keeping else None,
-                                                              lookup_from_head)
+                                                              lossy)
         for head, owner, table in borrowed.get(name, []):
             rewritten.append(borrow(model, sources, head, owner["model"], table))
         plan = Plan(model, item["info"], rewritten, sources, keep, looked_up) if rewritten or keep else None
@@ -185,7 +184,7 @@ def proven_files(files, staged, scratch, limits, say, asked=Asked()):
         for line in quality.lines(price, f"{name}: ") if price else ():
             say(line)
         if rewritten:
-            say(lines.rewritten_line(rewritten, model, info.shape, f"{name}: ", f.fed, weights, bool(looked_up)))
+            say(lines.rewritten_line(rewritten, model, info.shape, f"{name}: ", f.fed, weights, write.replaced_kind(looked_up)))
         if looked_up:
             for line in lines.lookup_lines(looked_up, info, where=f"{name}: "):
                 say(line)

@@ -15,17 +15,20 @@ from runtime.model.read import sidecars
 from runtime.inspect.retie.edits import const, shell, unique_name, view_of
 from runtime.inspect.retie.packed import gather_packed_in_place
 
-DECODED = "standard ops"  # the form for runtimes with no GatherBlockQuantized kernel: decoded_lookup
 
 
 class Lookup(NamedTuple):
     """One lookup the flag rewrote: its output (the looked-up rows, named as before), the ids it reads, the float
-    table it read (as the original stores it; `transposed` when [width, vocab]) and the head codes it reads now."""
+    table it read (as the original stores it; `transposed` when [width, vocab]), the head codes it reads now, and
+    the head (a HeadEntry) as it is now, and whether --shared-int8 made its codes anew from the float table
+    (`requantized`: the original never held them)."""
     output: str
     ids: str
     table: str
     transposed: bool
     codes: str
+    head: object = None
+    requantized: bool = False
 
 
 def lookup_from_head(graph, model, table, head, sources):
@@ -36,7 +39,7 @@ def lookup_from_head(graph, model, table, head, sources):
     or None."""
     node, q = table.node, head.quant
     found = Lookup(node.output[0], node.input[1], table.initializer, not table.rows_are_tokens,
-                   head.initializer)
+                   head.initializer, head)
     inputs = [head.initializer, node.input[1], q.scale]
     if q.zero_point:
         name = unique_name(model, q.zero_point + "_per_block")
@@ -62,7 +65,7 @@ def decoded_lookup(graph, model, table, head, sources):
     the same order (one rounding, in the product); the codes and scales read in place. The Lookup."""
     node, q = table.node, head.quant
     found = Lookup(node.output[0], node.input[1], table.initializer, not table.rows_are_tokens,
-                   head.initializer)
+                   head.initializer, head)
     ids, p = node.input[1], unique_name(model, "rows_from_head") + "_"
     (vocab, blocks, blob), kind = head.stored_dims, model.tensors[q.scale].data_type
     block = blob * 8 // q.bits

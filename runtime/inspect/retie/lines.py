@@ -53,7 +53,8 @@ def kept_line(keep, default, shape, where="", retied=False):
 def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None, replaced=False):
     """The line that says what a proven retie of `model` rewrote and on which feeds (feeds.plan's `shape`; `fed`:
     the inputs another file made, retie_folder.upstream; `weights`: branches.in_place's, the shared weights read in
-    place; `replaced`: --lookup-from-head changed looked-up rows, the original then run on the head's rows);
+    place; `replaced`: --lookup-from-head changed looked-up rows, the original then run on the head's rows; the
+    string "int8": --shared-int8 made the head's codes anew, the original run on them and on their rows);
     `where`: the file's name and ': ', in a folder."""
     kept = ", ".join(sorted({r.now for r in rewritten}))
     heads = sum(r.hidden is not None for r in rewritten)
@@ -70,10 +71,11 @@ def rewritten_line(rewritten, model, shape, where="", fed=(), weights=None, repl
         f", {f.input} from {os.path.basename(f.checked['path'])}" for f in fed)
     return (f"retie: {where}{kept} is now the one copy ({'; '.join(changed)}); proven on decoder feeds ({feeds}): "
             f"{_heads_said(getattr(weights, 'heads', None))}, every other output {_others(weights)}"
-            f"{LOOKED_UP_SAME if replaced else ''}\n")
+            f"{(INT8_SAME if replaced == 'int8' else LOOKED_UP_SAME) if replaced else ''}\n")
 
 
 LOOKED_UP_SAME = " against the original looking up the head's rows"  # --lookup-from-head's proof
+INT8_SAME = " against the original with its head's int8 codes and their rows"  # --shared-int8's
 
 
 def lookup_lines(looked_up, found, measured=None, where=""):
@@ -81,9 +83,11 @@ def lookup_lines(looked_up, found, measured=None, where=""):
     table gone, its rows now the head's (checked for every id) and how far they moved, and the resident growth of a
     run before -> after where `measured` ({"defaults": figures}) says it. What that costs the model's choices leads
     (retie.quality.lines); the greedy runs' agreement is --json's (token_agreement)."""
-    said = []
+    said, heads = [], {p.head: p.head_entry for p in found.pairs}  # as the original holds them
     vocabulary = {v["table"]: v for v in found.vocabulary}
     for lookup in looked_up["lookups"]:
+        if lookup.requantized:
+            said.append(int8_line(lookup, heads, found.model, where))
         v, change = vocabulary[lookup.table], looked_up["changes"][lookup.table]
         before = v["in_memory"]["defaults"].get("resident_bytes")
         after = ((measured or {}).get("defaults") or {}).get("resident_bytes")
@@ -94,6 +98,23 @@ def lookup_lines(looked_up, found, measured=None, where=""):
                     f"id checked); a row's element moved by up to {change['max_row_change']:.3g} "
                     f"({change['max_row_change_in_steps']:.2f} of its quantization step){grew}\n")
     return said
+
+
+def int8_line(lookup, heads, model, where=""):
+    """What --shared-int8 made of a head: its codes anew from the float table, their layout, and what went."""
+    old = next(h for h in heads.values() if h.node is lookup.head.node)
+    q, tensors = lookup.head.quant, model.tensors
+    made = tensors[q.codes].nbytes + tensors[q.scale].nbytes
+    gone = sum(tensors[n].nbytes for n in (old.quant.codes, old.quant.scale, old.quant.zero_point) if n in tensors)
+    return (f"retie: {where}head {old.initializer} ({old.quant.bits}-bit, {human(gone)}) now multiplies "
+            f"{q.codes}: int8 codes made anew from {lookup.table}, blocks of {q_block(lookup.head)}, "
+            f"{tensors[q.scale].type_name} scales, symmetric (no zero points stored: MatMulNBits' 128), "
+            f"{human(made)}; the lookup reads the same codes\n")
+
+
+def q_block(head):
+    """The block size a MatMulNBits head's node declares."""
+    return next(a.i for a in head.node.attribute if a.name == "block_size")
 
 
 def _heads_said(found):

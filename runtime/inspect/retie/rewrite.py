@@ -8,18 +8,19 @@ from runtime.model.read.text import InspectError
 from runtime.inspect.retie import headlookup
 from runtime.inspect.retie.edits import const, drop_dead, external_sources, shell, unique_name, view_of
 from runtime.inspect.retie.packed import gather_head_codes, gather_packed_in_place
-from runtime.inspect.retie.rules import remedy
+from runtime.inspect.retie import int8share
+from runtime.inspect.retie.rules import LOOKUP_FROM_HEAD, SHARED_INT8, remedy
 from runtime.inspect.sandbox.jobs import Rewritten
 
 
-def rewrite(model, pairs, lookup_from_head=False):
+def rewrite(model, pairs, lossy=None):
     """Rewrite `model.proto` in place as remedy() says for each pair, so that each table and its head read one
     tensor stored [vocab, width] in a form onnxruntime keeps as one: a duplicated head, a head that prepacks the
     table it shares, or one reading it through a Transpose (which onnxruntime folds into a copy), becomes
     Gemm(transB=1) on the table's run-time view (a OneHot product's lookup reads that view too), and a table
     stored [width, vocab] (onnxruntime-genai's shared embeddings) is stored once the other way round; with
-    `lookup_from_head` (True, or headlookup.DECODED for standard ops), a float table's Gather reads its
-    MatMulNBits head's codes (retie.headlookup).
+    `lossy` (a rules.Lossy), a float table's Gather reads its MatMulNBits head's codes (retie.headlookup), after
+    --shared-int8 has made those int8 codes of the table (retie.int8share); in standard ops where lossy.decoded.
     Returns ([sandbox.jobs.Rewritten], {name: array} of the data of every external or new initializer, views on the model's files that
     graphs.save writes in chunks: no table is loaded whole; external Constant values and subgraph initializers are
     read into the model, edits.inline_nested)."""
@@ -28,11 +29,14 @@ def rewrite(model, pairs, lookup_from_head=False):
     sources = external_sources(model)
     for p in pairs:
         table, head = p.table_entry, p.head_entry
-        how, _ = remedy(p, lookup_from_head)
-        if how == "lookup_from_head" and id(table.node) not in done:
+        how, _ = remedy(p, lossy)
+        if how in (LOOKUP_FROM_HEAD, SHARED_INT8) and id(table.node) not in done:
             done.add(id(table.node))
-            make = headlookup.decoded_lookup if lookup_from_head == headlookup.DECODED else headlookup.lookup_from_head
+            if how == SHARED_INT8:
+                head = int8share.share_int8(graph, model, table, head, sources)
+            make = headlookup.decoded_lookup if lossy.decoded else headlookup.lookup_from_head
             found = make(graph, model, table, head, sources)
+            found = found and found._replace(requantized=how == SHARED_INT8)
             if found:
                 lookups.append(found)
                 rewritten.append(Rewritten(None, None, table.initializer, found.transposed, head.initializer))
@@ -133,15 +137,15 @@ def borrow(model, sources, head, owner, table):
     return Rewritten(*entry, head.initializer, not head.rows_are_tokens, name)
 
 
-def planned(model, found, say, lookup_from_head=False):
+def planned(model, found, say, lossy=None):
     """Rewrite `model` as remedy() says (rewrite()) and say each tie left as it is: (rewritten, sources, lookups:
     [headlookup.Lookup]); an InspectError for an opset the rewrite cannot use."""
     if any(op.domain in ("", "ai.onnx") and op.version < 13 for op in model.proto.opset_import):
         raise InspectError(f"{model.path}: opset below 13; --retie rewrites with opset-13 Slice and Reshape")
     casts = {p.head: cast_to(p.head_entry) for p in found.pairs if remedy(p)[0] == "view"}
-    rewritten, sources, lookups = rewrite(model, found.pairs, lookup_from_head)
+    rewritten, sources, lookups = rewrite(model, found.pairs, lossy)
     for p in found.pairs:
-        how, why = remedy(p, lookup_from_head)
+        how, why = remedy(p, lossy)
         if how is None and why is not None:
             say(f"retie: {p.table} / {p.head} ({p.relation}): {why}\n")
     for head, cast in casts.items():

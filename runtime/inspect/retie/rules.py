@@ -1,4 +1,6 @@
 """What --retie does with each table/head pair, decided here and nowhere else."""
+from typing import NamedTuple
+
 from runtime.model.findings.headcodes import FLAG
 from runtime.inspect.retie.packed import packed_duplicate, packed_in_place, packed_shared
 
@@ -6,16 +8,29 @@ FLOATS = ("float32", "float16", "bfloat16")  # the tables a head reads through t
 # their own format, or through the Cast the head read them by, rewrite.cast_to)
 
 
+LOOKUP_FROM_HEAD, SHARED_INT8 = "lookup_from_head", "shared_int8"  # the rewrites that change values, opt-in
+
+
+class Lossy(NamedTuple):
+    """A rewrite asked for that changes values: `kind` LOOKUP_FROM_HEAD (--lookup-from-head: the lookup reads the
+    head's own codes) or SHARED_INT8 (--shared-int8: one int8 table requantized from the float one, read by both);
+    `decoded`: the lookup written in standard ops (a transformers.js folder: onnxruntime-web has no
+    GatherBlockQuantized kernel)."""
+    kind: str
+    decoded: bool = False
+
+
 WHY_NOT_PACKED = ("MatMulNBits prepacks its own copy of the int4 codes at load, whatever the file holds: no rewrite "
                   "of the file removes it")
 
 
-def remedy(pair, lookup_from_head=False):
+def remedy(pair, lossy=None):
     """What --retie does with a table/head pair, decided here and nowhere else: (how, why). `how` is "packed_shared",
     "packed_duplicate" or "view" (the head, and a OneHot product's lookup, read the one table through graphs.tie's
     run-time view; a head becomes a Gemm(transB=1) on it; a float32, float16 or bfloat16 table and head of one
-    format), "lookup_from_head" (with that flag: the float lookup reads the quantized head's codes, retie.headlookup),
-    or None when the pair is left as it is; `why` then says
+    format), LOOKUP_FROM_HEAD or SHARED_INT8 (asked for by `lossy`, a Lossy: the float lookup reads the quantized
+    head's codes, retie.headlookup, or both read int8 codes made anew, retie.int8share), or None when the pair is
+    left as it is; `why` then says
     why in one line where the pair holds one table's values twice (None where there is nothing to say)."""
     table, head, relation = pair.table_entry, pair.head_entry, pair.relation
     if relation == "distinct":
@@ -27,10 +42,10 @@ def remedy(pair, lookup_from_head=False):
     if relation == "quantized_copy":
         found = pair.head_lookup
         if found is not None and found.possible:
-            if lookup_from_head:
-                return "lookup_from_head", None
-            return None, (f"a quantized copy: {FLAG} makes the lookup read the head's codes (opt-in: the looked-up "
-                          "rows then change by up to a quantization step)")
+            if lossy is not None:
+                return lossy.kind, None
+            return None, (f"a quantized copy: {FLAG} makes the lookup read the head's codes, --shared-int8 both read "
+                          "one int8 table (opt-in: the values then change by up to a quantization step)")
         return None, ("a quantized copy, not a tie: its values differ from the table's by rounding, so neither can "
                       "read the other's without changing the outputs" + (f" ({FLAG}: {found.why_not})" if found else ""))
     if packed_in_place(pair):

@@ -29,7 +29,7 @@ def retie_variants(found, out, scratch, limits, say, asked=Asked()):
     planned = []
     for f in found:
         said = lambda line, dtype=f["dtype"]: say(line.replace("retie: ", f"retie: {dtype}: ", 1))
-        files = planned_files(f["result"], said, keeping[f["dtype"]], asked.lookup_from_head)
+        files = planned_files(f["result"], said, keeping[f["dtype"]], asked.lossy)
         planned.append({"found": f, "files": files, "changed": any(x.plan for x in files), "said": said})
     if not any(p["changed"] for p in planned):
         say("retie: nothing to do: no variant holds a table twice in a form --retie rewrites (any left is named "

@@ -2,6 +2,8 @@
 import os
 from typing import NamedTuple
 
+import numpy as np
+
 from onnx import TensorProto
 
 from graphs.storage import stage
@@ -11,7 +13,7 @@ from runtime.model.findings.vocabulary import copy_key
 from runtime.model.read import sidecars
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
-from runtime.inspect.retie import branches, headlookup, lines, quality
+from runtime.inspect.retie import branches, headlookup, int8share, lines, quality
 from runtime.inspect.retie.keep import keep_last
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import folding, isolated, jobs, memory
@@ -19,13 +21,13 @@ from runtime.resident import OWNED_MOST, copies_held, prepacked_copies
 
 
 class Asked(NamedTuple):
-    """What --retie is asked to rewrite besides duplicated tables: --logits-to-keep's K (or None) and
-    --lookup-from-head; `records`, where given, gets lookup_records' entries of every file as it is proven (--json's
+    """What --retie is asked to rewrite besides duplicated tables: --logits-to-keep's K (or None) and a rewrite that
+    changes values (--lookup-from-head, --shared-int8: a rules.Lossy, or None); `records`, where given, gets lookup_records' entries of every file as it is proven (--json's
     retie record). A lossy retie's price is measured on `text` (--text's quality.Text, None: the default) against
     `reference` (--reference's path, None: a transformers.js folder's fp32 variant where there is one); `qualities`,
     where given, gets each measured file's quality record, with its "file"."""
     logits_to_keep: int | None = None
-    lookup_from_head: bool = False
+    lossy: object = None
     records: list | None = None
     text: object = None
     reference: str | None = None
@@ -171,15 +173,24 @@ def packs(name, prepacked):
 
 
 def head_rows_of(plan, folder):
-    """{float table: jobs.head_rows}: each --lookup-from-head lookup's table as the head dequantizes it,
-    written to `folder` as .npy (headlookup.head_rows), its change from the table kept in plan.looked_up["changes"]."""
-    entries = {(p.table, p.head): p for p in plan.found.pairs}
+    """{float table: jobs.head_rows}: each lookup's table as its head (as it is now) dequantizes it, written to
+    `folder` as .npy (headlookup.head_rows), its change from the table kept in plan.looked_up["changes"]; a head
+    --shared-int8 requantized goes with its new codes and scales (the original runs them too: jobs.requantized)."""
+    tables = {p.table: p.table_entry for p in plan.found.pairs}
     replaced, changes = {}, {}
     for i, lookup in enumerate(plan.looked_up["lookups"]):
-        pair = entries[lookup.table, lookup.codes]
+        head, table = lookup.head, tables[lookup.table]
         path = os.path.join(folder, f"head_rows_{i}.npy")
-        changes[lookup.table] = headlookup.head_rows(plan.model, pair.head_entry, pair.table_entry, path)
-        replaced[lookup.table] = jobs.head_rows(path, lookup.transposed)
+        changes[lookup.table] = headlookup.head_rows(plan.model, head, table, path)
+        requantized = None
+        if lookup.requantized:
+            arrays = []
+            for kind, name in (("codes", head.quant.codes), ("scales", head.quant.scale)):
+                arrays.append(os.path.join(folder, f"head_{kind}_{i}.npy"))
+                np.save(arrays[-1], plan.model.tensors[name].values())
+            requantized = jobs.requantized(head.node.output[0], [head.quant.codes, head.quant.scale], arrays,
+                                           dict(bits=8, block_size=int8share.BLOCK))
+        replaced[lookup.table] = jobs.head_rows(path, lookup.transposed, requantized)
     plan.looked_up["changes"] = changes
     return replaced
 
@@ -188,14 +199,13 @@ def lookup_proof(plan, staged, replaced, folder, limits):
     """Check every id's row of the staged retied model against the head's rows and measure greedy agreement with
     the original (sandbox.headrows, isolated); the record in plan.looked_up["record"]; failures (one line each)."""
     found, lookups = plan.found, plan.looked_up["lookups"]
-    entries = {(p.table, p.head): p for p in found.pairs}
-    first = entries[lookups[0].table, lookups[0].codes]
-    vocab = first.table_entry.vocab
+    first = lookups[0].head
+    vocab = first.vocab
     job = jobs.head_lookup(plan.model.checked, staged,
                            [jobs.lookup_check(k.output, k.table, replaced[k.table]["rows"]) for k in lookups],
                            jobs.greedy_feeds(found.rows, found.shape,
                                              headlookup.prompts_for(plan.model.path, vocab)),
-                           first.head_entry.scores or "logits", vocab, folder)
+                           first.scores or "logits", vocab, folder)
     limits.progress("checking every looked-up row and running both models greedily")
     record = isolated.call(job, "checking the lookup from the head", limits, plan.model.file_bytes)
     plan.looked_up["record"] = record
@@ -227,7 +237,7 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
     """Rewrite, prove (isolated), and only then write OUT. 0 written or nothing to do, 1 not proven. `asked`: the
     rewrites asked for besides ties (--logits-to-keep, retie.keep; --lookup-from-head, retie.headlookup)."""
     logits_to_keep = asked.logits_to_keep
-    rewritten, sources, keep, looked_up = planned_keeping(model, found, say, logits_to_keep, asked.lookup_from_head)
+    rewritten, sources, keep, looked_up = planned_keeping(model, found, say, logits_to_keep, asked.lossy)
     if not rewritten and not keep:
         say(lines.NOTHING)
         return 0
@@ -254,7 +264,7 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
     for line in quality.lines(price) if price else ():
         say(line)
     if rewritten:
-        say(lines.rewritten_line(rewritten, model, found.shape, weights=weights, replaced=bool(looked_up)))
+        say(lines.rewritten_line(rewritten, model, found.shape, weights=weights, replaced=replaced_kind(looked_up)))
     if looked_up:
         for line in lines.lookup_lines(looked_up, found, measured):
             say(line)
@@ -273,6 +283,14 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
     return 0
 
 
+def replaced_kind(looked_up):
+    """What a lossy retie replaced, for lines.rewritten_line: "int8" where --shared-int8 made the head's codes
+    anew, True where the lookup reads the head's own, False where none."""
+    if not looked_up:
+        return False
+    return "int8" if any(k.requantized for k in looked_up["lookups"]) else True
+
+
 def priced(plan, staged, folder, limits, asked, file):
     """The quality record (retie.quality.measure) of a plan whose rewrite changes values (--lookup-from-head),
     proven and staged at `staged`, measured against its original; kept in asked.qualities with its `file`. None
@@ -285,12 +303,12 @@ def priced(plan, staged, folder, limits, asked, file):
     return found
 
 
-def planned_keeping(model, found, say, logits_to_keep, lookup_from_head=False):
+def planned_keeping(model, found, say, logits_to_keep, lossy=None):
     """planned(), after retie.keep.keep_last where `logits_to_keep` is given: (rewritten, sources, keep_last's or
     None, Plan's looked_up or None). A head's hidden input is then the Slice's output; the proof reads it by the
     original's name."""
     keep = None if logits_to_keep is None else keep_last(model, found, logits_to_keep)
-    rewritten, sources, lookups = planned(model, found, say, lookup_from_head)
+    rewritten, sources, lookups = planned(model, found, say, lossy)
     return rewritten, sources, keep, {"lookups": lookups} if lookups else None
 
 

@@ -30,6 +30,26 @@ def swap_tables(proto, job):
         rows = np.load(spec["rows"], mmap_mode="r")
         values = np.ascontiguousarray(rows.T if spec["transposed"] else rows)
         tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+    for spec in (job.get("replaced") or {}).values():
+        if spec.get("head"):
+            requantize_head(proto, spec["head"])
+
+
+def requantize_head(proto, head):
+    """Make the original's MatMulNBits head (jobs.requantized's `head`) multiply the codes and scales --shared-int8
+    made, as OUT's head does: the arrays added as initializers, its inputs and attributes set, its zero points
+    dropped. The original then differs from OUT in its lookup alone."""
+    node = next(n for n in proto.graph.node if n.output[:1] == [head["output"]])
+    for name, path in zip(head["names"], head["arrays"]):
+        proto.graph.initializer.append(numpy_helper.from_array(np.load(path), name))
+    node.input[1], node.input[2] = head["names"]
+    if len(node.input) > 3:
+        node.input[3] = ""
+        while node.input and not node.input[-1]:
+            node.input.pop()
+    kept = [a for a in node.attribute if a.name not in head["attributes"]]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute(k, v) for k, v in head["attributes"].items()])
 
 
 def check(job):

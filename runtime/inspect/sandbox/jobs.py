@@ -143,10 +143,18 @@ def keeping(input, outputs, heads):
     return {"input": input, "outputs": outputs, "heads": heads}
 
 
-def head_rows(rows, transposed):
-    """An entry of Proof.replaced: the head's rows as a float table (.npy at `rows`, [vocab, width]) and whether the
-    table they stand in for is stored transposed."""
-    return {"rows": rows, "transposed": transposed}
+def head_rows(rows, transposed, head=None):
+    """An entry of Proof.replaced: the head's rows as a float table (.npy at `rows`, [vocab, width]), whether the
+    table they stand in for is stored transposed, and where --shared-int8 made the head's codes anew, requantized()'s
+    (else None)."""
+    return {"rows": rows, "transposed": transposed, "head": head}
+
+
+def requantized(output, names, arrays, attributes):
+    """A MatMulNBits head --shared-int8 requantized, for the original to run as OUT does (headrows.swap_tables): the
+    head node by its `output`, the new codes' and scales' initializer `names` with their .npy `arrays`, and the
+    `attributes` it now has (bits, block_size); its zero points dropped."""
+    return {"output": output, "names": names, "arrays": arrays, "attributes": attributes}
 
 
 def lookup_check(output, table, rows):
