@@ -17,6 +17,10 @@ from runtime.inspect.retie.edits import shell, unique_name
 FLAG = "--shared-int8"
 BLOCK = 32  # as GGUF's Q8_0 and the 4-bit exports' own blocks: a table made from a Q8_0 GGUF comes back exactly
 MIDDLE = 128  # MatMulNBits' zero point for 8-bit codes where none is stored
+ACCURACY = 4  # the head's accuracy_level at least: int8 products (onnxruntime 1.32's CPU kernel for 8-bit codes
+# otherwise decodes the whole table at each call: SmolLM2's decoding step 12.4 -> 128.6 ms; at 4, 13-14 ms, its
+# mean KL from the float model 0.2567 -> 0.2576 nats: BENCHMARKS.md, "One table, two ways")
+ATTRIBUTES = ("bits", "block_size", "accuracy_level")
 
 
 def requantized(values, scale_type, block=BLOCK):
@@ -41,7 +45,7 @@ def requantized(values, scale_type, block=BLOCK):
 def share_int8(graph, model, table, head, sources):
     """Make `head` (a MatMulNBits HeadEntry whose pair with the float `table` headcodes.why_not accepts) multiply
     int8 codes requantized from the table (requantized(), stored anew in `sources` and registered in model.tensors),
-    bits=8, no zero points; the head's old codes, scales and zero points are no longer read. Returns the HeadEntry
+    bits=8, no zero points, accuracy_level at least ACCURACY; the head's old codes, scales and zero points are no longer read. Returns the HeadEntry
     as it is now, for retie.headlookup to point the lookup at the same codes."""
     node, old = head.node, head.quant
     values = model.tensors[table.initializer].values()
@@ -57,9 +61,11 @@ def share_int8(graph, model, table, head, sources):
         node.input[3] = ""  # MatMulNBits' default zero point, 128
         while node.input and not node.input[-1]:
             node.input.pop()
-    kept = [a for a in node.attribute if a.name not in ("bits", "block_size")]
+    accuracy = max(ACCURACY, next((a.i for a in node.attribute if a.name == "accuracy_level"), 0))
+    kept = [a for a in node.attribute if a.name not in ATTRIBUTES]
     del node.attribute[:]
-    node.attribute.extend(kept + [helper.make_attribute("bits", 8), helper.make_attribute("block_size", BLOCK)])
+    node.attribute.extend(kept + [helper.make_attribute("bits", 8), helper.make_attribute("block_size", BLOCK),
+                                  helper.make_attribute("accuracy_level", accuracy)])
     node.doc_string = f"int8 codes requantized from {table.initializer}, shared with its lookup ({FLAG})"
     quant = Quant(names[0], names[1], None, 8, True, width=table.width)
     return dataclasses.replace(head, initializer=names[0], stored_dims=list(codes.shape), quant=quant)

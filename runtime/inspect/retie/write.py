@@ -189,7 +189,8 @@ def head_rows_of(plan, folder):
                 arrays.append(os.path.join(folder, f"head_{kind}_{i}.npy"))
                 np.save(arrays[-1], plan.model.tensors[name].values())
             requantized = jobs.requantized(head.node.output[0], [head.quant.codes, head.quant.scale], arrays,
-                                           dict(bits=8, block_size=int8share.BLOCK))
+                                           {a.name: a.i for a in head.node.attribute
+                                            if a.name in int8share.ATTRIBUTES})
         replaced[lookup.table] = jobs.head_rows(path, lookup.transposed, requantized)
     plan.looked_up["changes"] = changes
     return replaced

@@ -13,6 +13,8 @@ from runtime.model.read.model import load
 from runtime.runner import Runner
 from runtime.inspect.sandbox import answers
 
+ARENA = True  # onnxruntime's CPU arena kept: a 512-token window's activations reused, not faulted in at each run
+# (SmolLM2's q4, one window: 1.1-1.3 s with it, 1.3-3.3 s without)
 POSITIONS_AT_ONCE = 64  # positions compared at a time: 64 x 262144 float64 is 128 MiB a model
 
 
@@ -31,18 +33,29 @@ def compared(p_logits, q_logits, targets):
     (KL(P || Q) = sum_v p_v (log p_v - log q_v) in nats, whether argmax P == argmax Q, P's and Q's negative log
     likelihood of the target), each [positions] float64 / bool. A token P rules out (p_v = 0) adds nothing to the
     divergence; one P allows and Q rules out makes it infinite."""
-    kl, same, nll_p, nll_q = [], [], [], []
+    (found,) = compared_all(p_logits, [q_logits], targets)
+    return found
+
+
+def compared_all(p_logits, q_list, targets):
+    """compared() of P against each Q of `q_list`, each model's log softmax made once a block of positions."""
+    found = [([], [], [], []) for _ in q_list]
     rows = np.arange(len(targets))
     for a in range(0, len(targets), POSITIONS_AT_ONCE):
         b = min(len(targets), a + POSITIONS_AT_ONCE)
-        lp, lq = log_softmax(p_logits[a:b]), log_softmax(q_logits[a:b])
-        with np.errstate(invalid="ignore"):
-            terms = np.where(np.isneginf(lp), 0.0, np.exp(lp) * (lp - lq))
-        kl.append(np.sum(terms, axis=-1))
-        same.append(np.argmax(p_logits[a:b], axis=-1) == np.argmax(q_logits[a:b], axis=-1))
-        nll_p.append(-lp[rows[:b - a], targets[a:b]])
-        nll_q.append(-lq[rows[:b - a], targets[a:b]])
-    return tuple(np.concatenate(parts) for parts in (kl, same, nll_p, nll_q))
+        lp = log_softmax(p_logits[a:b])
+        p = np.exp(lp)
+        top = np.argmax(p_logits[a:b], axis=-1)
+        nll_p = -lp[rows[:b - a], targets[a:b]]
+        for (kl, same, nlls_p, nlls_q), q_logits in zip(found, q_list):
+            lq = log_softmax(q_logits[a:b])
+            with np.errstate(invalid="ignore"):
+                terms = np.where(np.isneginf(lp), 0.0, p * (lp - lq))
+            kl.append(np.sum(terms, axis=-1))
+            same.append(top == np.argmax(q_logits[a:b], axis=-1))
+            nlls_p.append(nll_p)
+            nlls_q.append(-lq[rows[:b - a], targets[a:b]])
+    return [tuple(np.concatenate(parts) for parts in columns) for columns in found]
 
 
 def perplexity(nll):
@@ -63,9 +76,10 @@ class _Model:
         if "checked" in spec:  # the user's model, opened as it was checked
             checked = source(spec["checked"])
             model = load(spec["checked"]["path"], checked.folder, data=checked.shell)
-            self.proto, self.session = model.proto, Runner(model.proto, data_folder=checked.folder).session
+            self.proto = model.proto
+            self.session = Runner(model.proto, data_folder=checked.folder, arena=ARENA).session
         else:  # the retied model this tool wrote
-            self.proto, self.session = None, Runner(spec["model"]).session
+            self.proto, self.session = None, Runner(spec["model"], arena=ARENA).session
         self.ids, self.logits, self.rows, self.shape = spec["ids"], spec["logits"], spec["rows"], spec["shape"]
         self.spec = spec
 
@@ -96,15 +110,19 @@ def measure(job):
         old, new = original.run(window)[:-1], out.run(window)[:-1]
         if old.shape != new.shape:
             return answers.Quality.failed(f"the models' logits differ in shape: {old.shape} and {new.shape}")
+        if reference is None:
+            parts["out"].append(compared(old, new, targets))
+            continue
+        ref = reference.run(window)[:-1]
+        if ref.shape != old.shape:
+            return answers.Quality.failed(f"the reference's logits have {ref.shape[-1]} tokens, the model's "
+                                          f"{old.shape[-1]}: not the same vocabulary")
+        # P = the original against OUT; P = the reference against both (each log softmax made once a block)
         parts["out"].append(compared(old, new, targets))
-        if reference is not None:
-            ref = reference.run(window)[:-1]
-            if ref.shape != old.shape:
-                return answers.Quality.failed(f"the reference's logits have {ref.shape[-1]} tokens, the model's "
-                                              f"{old.shape[-1]}: not the same vocabulary")
-            parts["reference_original"].append(compared(ref, old, targets))
-            parts["reference_out"].append(compared(ref, new, targets))
-        del old, new
+        against_old, against_new = compared_all(ref, [old, new], targets)
+        parts["reference_original"].append(against_old)
+        parts["reference_out"].append(against_new)
+        del old, new, ref
     joined = {k: [np.concatenate(column) for column in zip(*v)] for k, v in parts.items() if v}
     kl, same, nll_old, nll_new = joined["out"]
     mean, p99, same_top = summary(kl, same)
