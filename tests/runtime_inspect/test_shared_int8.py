@@ -95,3 +95,36 @@ def test_the_two_ways_exclude_each_other(tmp_path):
     assert refused(done, "--lookup-from-head", "--shared-int8") and not os.listdir(tmp_path)
     done = run_inspect(os.path.join(FIXTURES, "ortquant_q4", "model.onnx"), "--shared-int8", timeout=60)
     assert refused(done, "--shared-int8", "--retie")
+
+
+@pytest.mark.slow
+def test_genai_generator_runs_the_shared_int8(tmp_path):
+    """onnxruntime-genai's Generator loads OUT and generates the tokens onnxruntime's own greedy run of OUT picks."""
+    from tests.helpers import PROMPTS, genai_tokens
+    from tests.runtime_inspect.test_lookup_from_head import plain_greedy
+    inspected(os.path.join(FIXTURES, "genai_int4_unshared"), "--retie", tmp_path / "out", "--shared-int8")
+    assert genai_tokens(tmp_path / "out", new=6) == [plain_greedy(tmp_path / "out" / "model.onnx", p, 6)
+                                                     for p in PROMPTS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["q4", "q4f16"])
+def test_transformersjs_node_and_browser_run_the_shared_int8(tmp_path, dtype):
+    """transformers.js in Node (onnxruntime-node) and in headless Chromium (onnxruntime-web's WASM) loads OUT's
+    variant, its head an 8-bit MatMulNBits and its lookup decoded in standard ops, and greedy-decodes the tokens
+    onnxruntime's own run of that file picks."""
+    from tests import transformersjs_client as client
+    from tests.fixtures import transformersjs_gpt2
+    from tests.runtime_inspect.test_transformersjs import NEW, PROMPTS as TJS_PROMPTS, ort_greedy
+    if not client.node():
+        pytest.skip("no node on this machine")
+    original = transformersjs_gpt2.make(str(tmp_path / "gpt2"), dtypes=(dtype,))
+    out = str(tmp_path / "out")
+    inspected(original, "--dtype", dtype, "--retie", out, "--shared-int8")
+    name = {"q4": "model_q4.onnx", "q4f16": "model_q4f16.onnx"}[dtype]
+    model = onnx.load(os.path.join(out, "onnx", name))
+    assert any(n.op_type == "MatMulNBits" and {a.name: a.i for a in n.attribute}["bits"] == 8 for n in model.graph.node)
+    expected = [ort_greedy(os.path.join(out, "onnx", name), p, NEW) for p in TJS_PROMPTS]
+    assert client.node_greedy(out, TJS_PROMPTS, NEW, dtype=dtype)["tokens"] == expected
+    if client.chromium():
+        assert client.browser_greedy(out, TJS_PROMPTS, NEW, dtype=dtype)["tokens"] == expected
