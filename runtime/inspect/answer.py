@@ -85,8 +85,13 @@ def quantized(verdict, vocabulary, folder):
             continue
         memory = _memory_saved(e, v)
         said.append(f"  fix: {e['fix']} (opt-in: saves {human(e['wasted_bytes_on_disk'])} on disk{memory}; "
-                    f"looked-up values move within {e['max_error_in_scales']:.2f} of a quantization step; the retie "
-                    "measures greedy agreement)")
+                    f"looked-up values move within {e['max_error_in_scales']:.2f} of a quantization step)")
+        other = e.get("shared_int8")
+        if other:
+            said.append(f"  or:  {other['fix']} (opt-in: one int8 table made anew for both, saves "
+                        f"{human(other['saved_bytes_on_disk'])} on disk; the head's values move too, each within "
+                        "half an int8 step of the float table's)")
+        said.append("  either retie measures its price on a text: KL divergence, same top token, perplexity")
     return said
 
 

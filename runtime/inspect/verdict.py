@@ -1,7 +1,7 @@
 """The answer inspect opens with: one entry per table the files or a client's process hold more than once, or whose
 tie config.json contradicts, with the bytes it wastes and the command that repairs it (or why none can)."""
 from runtime.model.findings.counting import COPIES, stored_copies
-from runtime.inspect.retie import keep
+from runtime.inspect.retie import int8share, keep
 from runtime.model.findings.headcodes import FLAG
 from runtime.inspect.retie.rules import WHY_NOT_PACKED, remedy
 
@@ -121,13 +121,15 @@ def folder_verdict(result):
 
 
 LOOKUP_FROM_HEAD = f"{RETIE} {FLAG}"
+SHARED_INT8 = f"{RETIE} {int8share.FLAG}"
 
 
 def quantized_copies(info, file):
     """The `quantized_copy` entries (informational) of a file: a float table whose values a quantized head holds
     as its codes (relations' head_lookup), with what --lookup-from-head would save (the float table on disk, and
     each copy of it a session holds), or why it cannot; `bits` and `max_error_in_scales` say what the rows would
-    become (each element within that many of its quantization steps), `quantized` which side holds the codes."""
+    become (each element within that many of its quantization steps), `quantized` which side holds the codes;
+    `shared_int8`, where the same pair can take the other way, {"fix": --shared-int8's, "saved_bytes_on_disk"}."""
     vocabulary = {v["table"]: v for v in info.vocabulary}
     found = []
     for p in info.pairs:
@@ -139,7 +141,10 @@ def quantized_copies(info, file):
         found.append({**_entry("quantized_copy", v, file, (2, None, v["bytes"]), (LOOKUP_FROM_HEAD, answer.why_not)),
                       "wasted_bytes_in_memory": None if held is None else held * v["bytes"], "head": p.head,
                       "quantized": "head" if p.head_entry.quant else "table", "bits": quant.bits,
-                      "max_error_in_scales": p.max_error_in_scales})  # built once, read by name after
+                      "max_error_in_scales": p.max_error_in_scales,  # built once, read by name after
+                      "shared_int8": None if answer.why_not else {
+                          "fix": SHARED_INT8,
+                          "saved_bytes_on_disk": int8share.saved_bytes(info.model, p.table_entry, p.head_entry)}})
     return found
 
 
