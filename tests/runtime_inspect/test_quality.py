@@ -238,3 +238,16 @@ def test_a_bad_text_is_one_line_before_anything_is_written(case, tmp_path):
                        timeout=60)
     assert refused(done, "--text"), done.stderr
     assert os.listdir(tmp_path) == ([] if case == "missing" else ["text"])  # OUT not written, nothing staged
+
+
+def test_a_short_text_is_scored_whole_and_said_so(tmp_path):
+    root, made = transformersjs_folder(tmp_path)
+    text = tmp_path / "mine.txt"
+    text.write_text("The lighthouse keeper climbed the stairs again. The storm had not ended.\n", encoding="utf-8")
+    done = inspected(root, "--dtype", "q4", "--retie", tmp_path / "out", "--lookup-from-head", "--text", text,
+                     "--json")
+    (record,) = json.loads(done.stdout)["retie"]["quality"]
+    ids = made.encode(text.read_text(encoding="utf-8"), add_special_tokens=False).ids
+    assert (record["text"], record["tokens_scored"], record["windows"]) == (str(text), len(ids) - 1, 1)
+    said = " ".join(unwrapped(done.stderr))
+    assert f"teacher-forced on {len(ids) - 1} tokens of {text} (all it has: fewer than the 4096 asked)" in said

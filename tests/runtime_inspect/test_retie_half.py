@@ -232,8 +232,8 @@ def test_q4f16_holds_a_float16_table_and_4_bit_head_codes_a_quantized_copy_left_
     lines = unwrapped(done.stdout)
     assert done.returncode == 0 and not os.listdir(tmp_path)
     assert f"retie: transformer.wte.weight / {head.input[1]} (quantized_copy): a quantized copy: --lookup-from-head " \
-           "makes the lookup read the head's codes (opt-in: the looked-up rows then change by up to a quantization " \
-           "step)" in lines
+           "makes the lookup read the head's codes, --shared-int8 both read one int8 table (opt-in: the values then " \
+           "change by up to a quantization step)" in lines
 
 
 def test_a_float16_model_the_cpu_provider_fails_inside_its_own_cast_is_refused_for_that_reason():
