@@ -176,9 +176,11 @@ def lead_factor(scores, query, token, beat_query=False):
     """stretch_to_lead's rule on `scores`, each token's dot product with the query's row (embed.logits(table,
     table[query])), for a caller that has them already."""
     score = scores[token]
-    if score <= 0:
+    if not score > 0 or score == math.inf:  # NaN, zero, negative or infinite: no factor makes it lead
         return None
     best = max((v for t, v in enumerate(scores) if t != token and (beat_query or t != query)), default=0.0)
+    if best != best or best == math.inf:  # a NaN or an infinite score elsewhere: nothing finite beats it
+        return None
     factor = 2.0
     while factor * score <= best:  # strictly above the best other score: it leads whatever the ids
         factor *= 2.0

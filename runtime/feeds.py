@@ -19,6 +19,9 @@ SHORT_PASTS = (0, 3)  # one new token after these too: a kernel that multiplies 
 
 _WINDOW_ATTRIBUTES = ("local_window_size", "sliding_window", "window_size")  # GroupQueryAttention, others
 
+FEEDS_MOST = 2**30  # the bytes a model's declared input shapes may make feeds_for allocate: an input of fixed shape
+# [65536, 65536] is refused (NoFeeds through shaped_feeds), never 32 GiB allocated
+
 
 
 def _count(value):
@@ -164,7 +167,7 @@ def feeds_for(model, rows, rng, head_size=None, past=PAST, sequence=SEQUENCE):
              if d.HasField("dim_value")]
     head_size = head_size or (fixed[0] if fixed else SEQUENCE)
     has_past = any("past" in v.name for v in model.graph.input)
-    feeds = {}
+    feeds, total = {}, 0
     for value in model.graph.input:
         if value.name in weights:
             continue
@@ -175,6 +178,10 @@ def feeds_for(model, rows, rng, head_size=None, past=PAST, sequence=SEQUENCE):
         if value.name == "attention_mask" and has_past and dims and not dims[-1].HasField("dim_value"):
             shape[-1] = past + sequence  # the mask covers the past too, whatever its dim is called (Optimum's merge)
         dtype = helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
+        total += int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
+        if total > FEEDS_MOST:
+            raise ValueError(f"input {value.name!r} of declared shape {shape}: the inputs would take over "
+                             f"{FEEDS_MOST // 2**30} GiB")
         if value.name in rows:
             feeds[value.name] = rng.integers(0, rows[value.name], size=shape).astype(dtype)
         elif "position" in value.name and np.dtype(dtype).kind in "iu":

@@ -126,6 +126,27 @@ def _measure(config, table, lab, vocabulary, progress, say, queries):
     return found, lists, lengths, scores, counts
 
 
+_ROWS_AT_ONCE = 1 << 14  # rows scanned for non-finite values at a time
+
+
+def check_values(table):
+    """InspectError (one line) for a table the lab cannot say true things of: fewer than two rows (no other token to
+    rank), or a NaN or an infinity anywhere (float16 overflow included), naming the first such row and column;
+    checked on the decoded values before any graph runs."""
+    if table.vocab < 2:
+        raise InspectError(f"table {table.name}: {table.vocab} row: no other token to rank; compare --model needs at "
+                           "least two")
+    values = table.values
+    for t0 in range(0, table.vocab, _ROWS_AT_ONCE):
+        block = np.asarray(values[t0:t0 + _ROWS_AT_ONCE])
+        bad = ~np.isfinite(block)
+        if bad.any():
+            row, column = (int(i) for i in np.argwhere(bad)[0])
+            what = "NaN" if np.isnan(block[row, column]) else f"{block[row, column]:+}"
+            raise InspectError(f"table {table.name}: row {t0 + row} holds {what} (column {column}): the lab compares "
+                               "finite values only; nothing was run")
+
+
 def _check_ids(ids, vocab):
     """UsageError naming an --ids id outside the table's rows."""
     bad = next((i for i in ids or () if not 0 <= i < vocab), None)
@@ -159,6 +180,7 @@ def run(config):
         _check_ids(config.ids, table.vocab)
         progress(f"decoding {table.name} ({table.vocab} x {table.width}, {table.format})")
         table.read()
+        check_values(table)
         with tempfile.TemporaryDirectory(prefix="onnx-lab-compare-model-") as folder:
             lab = Lab(table.values, folder)
             table.values = lab.values  # the decoded copy goes; the data file's map is the table from here on

@@ -4,6 +4,7 @@ import numpy as np
 
 import embed
 from runtime.compare.bounds import Check
+from runtime.model.read.text import field
 
 TOKEN_WIDTH = 20  # characters of a token shown in a list column
 
@@ -78,12 +79,13 @@ def table_lines(table, lengths, vocabulary, longest):
 def row_scale_words(table):
     if table.row_scale is None:
         if table.architecture is not None:  # a GGUF file: the scale lives in llama.cpp's code, by architecture
-            return f"llama.cpp reads architecture {table.architecture}'s looked-up rows as stored (no scale)"
+            return f"llama.cpp reads architecture {field(table.architecture, 40)}'s looked-up rows as stored (no scale)"
         if table.tokens is not None:
             return "a GGUF file without general.architecture does not say whether its model scales looked-up rows"
         return "the model does not scale its looked-up rows (no constant multiplies them)"
     root = "= sqrt(width)" if table.row_scale_is_sqrt_width else "not sqrt(width)"
-    by = f"llama.cpp multiplies architecture {table.architecture}'s" if table.architecture else "the model multiplies"
+    by = f"llama.cpp multiplies architecture {field(table.architecture, 40)}'s" if table.architecture else \
+        "the model multiplies"
     return f"{by} looked-up rows by {table.row_scale:.6g} ({root} = {table.width ** 0.5:.6g})"
 
 

@@ -6,10 +6,14 @@ import re
 
 from embed import UsageError
 from runtime.model.read import sidecars
-from runtime.model.read.text import InspectError, printable
+from runtime.model.read.layout import transformersjs_root
+from runtime.model.read.text import InspectError, field
 
 TOKENIZER = "tokenizer.json"
 TOKENIZER_MOST = sidecars.TOKENIZER_MOST
+TOKEN_MOST = 48  # characters of a token a report shows; a longer one is cut, its length said
+SPLIT_MOST = 256  # characters of a SentencePiece token split into merges (every split: quadratic in its length);
+# a longer one (no real vocabulary has one; an attacker's 1 MB token) gets none, and no text is ever made of it
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's byte fallback: made where no piece holds a byte
 
 
@@ -24,10 +28,11 @@ class Vocabulary:
             tokenizer.no_truncation()
 
     def token(self, token_id):
-        """The token string of `token_id` (printable: a control character is escaped), or None."""
+        """The token string of `token_id` as a report shows it (text.field: a control character or newline escaped,
+        a long token cut with its length), or None."""
         if self.strings is None or token_id >= len(self.strings) or self.strings[token_id] is None:
             return None
-        return printable(self.strings[token_id])
+        return field(self.strings[token_id], TOKEN_MOST)
 
     def shown(self, token_id):
         """What a report shows for `token_id`: its string, or `#id` without one."""
@@ -76,9 +81,16 @@ def _tokenizers():
         return None
 
 
+def sidecar_folders(folder):
+    """Where the files beside a model are read: its own folder, and for a transformers.js folder's onnx/ the root
+    above it (layout.transformersjs_root), nowhere else: a parent the user did not name is not read."""
+    found = transformersjs_root(folder)
+    return [folder] + ([found[0]] if found and found[1] else [])
+
+
 def _tokenizer_json(folder):
-    """The path of tokenizer.json in `folder` or its parent (a transformers.js model's onnx/ lies below it)."""
-    for where in (folder, os.path.dirname(folder)):
+    """The path of tokenizer.json in the model's folder, or at a transformers.js folder's root above its onnx/."""
+    for where in sidecar_folders(folder):
         path = os.path.join(where, TOKENIZER)
         if os.path.isfile(path):
             return path
@@ -110,7 +122,7 @@ def _strings_of(data, vocab_size):
 def vocabulary_size(folder):
     """The vocabulary's size as the files beside a model say it: config.json's vocab_size (or its text_config's),
     else tokenizer.json's ids (its vocab and added tokens, the highest id + 1); None where neither does."""
-    for where in (folder, os.path.dirname(folder)):
+    for where in sidecar_folders(folder):
         try:
             config = json.loads(sidecars.read(os.path.join(where, "config.json"), "config.json") or b"null")
         except (ValueError, RecursionError):
@@ -165,12 +177,21 @@ def _gguf_tokenizer(table):
     """A tokenizers Tokenizer rebuilt from a GGUF vocabulary as llama.cpp reads its `tokenizer.ggml.model`: `gpt2`
     byte-level BPE from its merges, `llama` SentencePiece (a Unigram of the tokens and their scores, `▁` for a
     space), `bert` WordPiece (`##` continuations, lower-cased where the vocabulary has no capital); None for any
-    other model, or without the tokenizers library."""
+    other model, or without the tokenizers library. InspectError (one line, naming the GGUF keys) where the library
+    refuses what the file holds (a merge naming a token the vocabulary lacks, an empty token)."""
     library = _tokenizers()
     if library is None or not table.tokens:
         return None
     build = {"gpt2": _byte_level_bpe, "llama": _sentencepiece, "bert": _wordpiece}.get(table.tokenizer_model)
-    return None if build is None else build(library, table)
+    if build is None:
+        return None
+    try:
+        return build(library, table)
+    except Exception as e:  # noqa: BLE001 - the library's own error, whatever its type
+        keys = "tokenizer.ggml.tokens" + (" / tokenizer.ggml.merges" if table.tokenizer_model == "gpt2" else "")
+        said = str(e).splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InspectError(f"{table.model}: {keys}: the tokenizers library refuses them as a "
+                           f"{table.tokenizer_model} vocabulary ({field(said, 160)})") from None
 
 
 def _byte_level_bpe(library, table):
@@ -192,7 +213,7 @@ def _sentencepiece(library, table):
     scores = table.scores if table.scores and len(table.scores) == len(tokens) else [-i for i in range(len(tokens))]
     vocab = {token: i for i, token in reversed(list(enumerate(tokens)))}
     merges = sorted(((scores[i], vocab[token[:k]], vocab[token[k:]], token[:k], token[k:])
-                     for token, i in vocab.items() for k in range(1, len(token))
+                     for token, i in vocab.items() if len(token) <= SPLIT_MOST for k in range(1, len(token))
                      if token[:k] in vocab and token[k:] in vocab), key=lambda m: (-m[0], m[1], m[2]))
     unknown = next((t for t in ("<unk>", "[UNK]") if t in vocab), None)
     tokenizer = library.Tokenizer(library.models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in merges],
@@ -213,12 +234,12 @@ def _wordpiece(library, table):
 
 
 def resolve(queries, vocabulary, vocab_size):
-    """Each query as one token id: digits are an id in [0, vocab_size); else the token whose exact string the
+    """Each query as one token id: ASCII digits are an id in [0, vocab_size); else the token whose exact string the
     vocabulary holds (`ĠParis`, `▁Paris`, `[CLS]`), or a text the tokenizer makes into exactly one token; where
     those two readings give different ids, the query is ambiguous. UsageError (one line) otherwise."""
     ids = []
     for query in queries:
-        if query.isdigit():
+        if query.isascii() and query.isdigit():  # `²` and `٣` are digits to str.isdigit, and no id
             token_id = int(query)
             if token_id >= vocab_size:
                 raise UsageError(f"--query {query}: id out of range [0, {vocab_size})")

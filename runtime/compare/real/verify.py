@@ -6,7 +6,7 @@ layout runs the same way)."""
 import numpy as np
 import onnxruntime as ort
 
-from runtime.feeds import NoFeeds, feeds_for, no_past_branch, plan
+from runtime.feeds import NoFeeds, no_past_branch, plan, shaped_feeds
 from runtime.model.read import paths
 from runtime.model.read.checked import source
 from runtime.model.read.model import load
@@ -60,7 +60,7 @@ def _probabilities(session, model, shape, ids, token_id, vocab):
     """The largest probability of `token_id` over STEPS greedy steps after `ids`."""
     tokens, most = list(ids), 0.0
     for _ in range(STEPS):
-        feeds = feeds_for(model, {IDS: vocab}, np.random.default_rng(0), shape["head_size"], 0, len(tokens))
+        feeds = shaped_feeds(model, {IDS: vocab}, shape, len(tokens), past=0)  # NoFeeds: one line, never a traceback
         feeds[IDS] = np.array([tokens], dtype=feeds[IDS].dtype)
         no_past_branch(feeds)
         (logits,) = session.run([LOGITS], feeds)
@@ -76,7 +76,8 @@ def verify(table, vocabulary, candidates, count, controls=()):
     same]} of the first `count` candidates ({"id", ...} best first) and of the `controls` ids (tokens the model
     surely learned, the queries: asked the same way, they show the test can fail), the model run under
     onnxruntime's default session options; or {"checked": 0, "confirmed": 0, "why": line} where it cannot run."""
-    why, checked = why_not(table, vocabulary)
+    why, checked = why_not(table, vocabulary) if candidates else ("no candidates to put to the model (the indicator "
+                                                                   "found none)", None)
     if why is None:
         model = checked.proto
         try:
@@ -93,8 +94,10 @@ def verify(table, vocabulary, candidates, count, controls=()):
                                                           token_id, table.vocab), 6)
             found = [{"id": c["id"], "token": c["token"], "probability": asked(c["id"])} for c in candidates[:count]]
             checked = [{"id": t, "token": vocabulary.token(t), "probability": asked(t)} for t in controls]
-        except (NoFeeds, ort.capi.onnxruntime_pybind11_state.Fail, RuntimeError) as e:
-            why = f"the model did not run: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}"
+        except NoFeeds as e:
+            why = f"the model did not run: {e}"
+        except Exception as e:  # noqa: BLE001 - onnxruntime's errors share no base class (Fail, InvalidArgument...)
+            why = f"the model did not run: {str(e).splitlines()[0][:200] if str(e).strip() else type(e).__name__}"
     if why is not None:
         return {"checked": 0, "confirmed": 0, "why": why}
     return {"checked": len(found), "confirmed": sum(t["probability"] < CONFIRMS for t in found),

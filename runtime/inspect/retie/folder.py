@@ -184,7 +184,8 @@ def proven_files(files, staged, scratch, limits, say, asked=Asked()):
         for line in quality.lines(price, f"{name}: ") if price else ():
             say(line)
         if rewritten:
-            say(lines.rewritten_line(rewritten, model, info.shape, f"{name}: ", f.fed, weights, write.replaced_kind(looked_up)))
+            say(lines.rewritten_line(rewritten, model, info.shape, f"{name}: ", f.fed, weights,
+                                     write.replaced_kind(looked_up)))
         if looked_up:
             for line in lines.lookup_lines(looked_up, info, where=f"{name}: "):
                 say(line)

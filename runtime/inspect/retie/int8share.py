@@ -45,8 +45,8 @@ def requantized(values, scale_type, block=BLOCK):
 def share_int8(graph, model, table, head, sources):
     """Make `head` (a MatMulNBits HeadEntry whose pair with the float `table` headcodes.why_not accepts) multiply
     int8 codes requantized from the table (requantized(), stored anew in `sources` and registered in model.tensors),
-    bits=8, no zero points, accuracy_level at least ACCURACY; the head's old codes, scales and zero points are no longer read. Returns the HeadEntry
-    as it is now, for retie.headlookup to point the lookup at the same codes."""
+    bits=8, no zero points, accuracy_level at least ACCURACY; the head's old codes, scales and zero points are no
+    longer read. Returns the HeadEntry as it is now, for retie.headlookup to point the lookup at the same codes."""
     node, old = head.node, head.quant
     values = model.tensors[table.initializer].values()
     values = values if table.rows_are_tokens else values.T

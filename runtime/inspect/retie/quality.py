@@ -245,8 +245,8 @@ def lines(quality, where=""):
     q, ref = quality, quality["reference"]
     short = f" (all it has: fewer than the {SCORED} asked)" if q["tokens_scored"] < SCORED else ""
     said = [f"retie: {where}its price, teacher-forced on {q['tokens_scored']} tokens of {q['text']}{short} "
-            f"({q['windows']} windows of {q['window']}): KL(original || OUT) mean {q['kld_mean']:.3g} nats, 99th percentile "
-            f"{q['kld_p99']:.3g}; the same top token at {100 * q['same_top']:.1f}% of positions; perplexity "
+            f"({q['windows']} windows of {q['window']}): KL(original || OUT) mean {q['kld_mean']:.3g} nats, 99th "
+            f"percentile {q['kld_p99']:.3g}; the same top token at {100 * q['same_top']:.1f}% of positions; perplexity "
             f"{q['ppl_original']:.2f} -> {q['ppl_out']:.2f}\n"]
     if ref is not None:
         closer = ref["kld_mean_out"] - ref["kld_mean_original"]

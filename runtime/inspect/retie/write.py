@@ -22,10 +22,11 @@ from runtime.resident import OWNED_MOST, copies_held, prepacked_copies
 
 class Asked(NamedTuple):
     """What --retie is asked to rewrite besides duplicated tables: --logits-to-keep's K (or None) and a rewrite that
-    changes values (--lookup-from-head, --shared-int8: a rules.Lossy, or None); `records`, where given, gets lookup_records' entries of every file as it is proven (--json's
-    retie record). A lossy retie's price is measured on `text` (--text's quality.Text, None: the default) against
-    `reference` (--reference's path, None: a transformers.js folder's fp32 variant where there is one); `qualities`,
-    where given, gets each measured file's quality record, with its "file"."""
+    changes values (--lookup-from-head, --shared-int8: a rules.Lossy, or None); `records`, where given, gets
+    lookup_records' entries of every file as it is proven (--json's retie record). A lossy retie's price is
+    measured on `text` (--text's quality.Text, None: the default) against `reference` (--reference's path, None: a
+    transformers.js folder's fp32 variant where there is one); `qualities`, where given, gets each measured file's
+    quality record, with its "file"."""
     logits_to_keep: int | None = None
     lossy: object = None
     records: list | None = None

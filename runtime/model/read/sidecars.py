@@ -28,8 +28,10 @@ def read(model_path, name, most=MAX_BYTES):
     folder = os.path.dirname(os.path.abspath(model_path))
     path = os.path.join(folder, name)
     hub = paths.hub_root(folder)
-    if hub is None and os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder):
-        return None
+    if hub is None:  # a link to a file of the same folder is read as that file; one out of it is not read
+        path = os.path.realpath(path)
+        if os.path.dirname(path) != os.path.realpath(folder):
+            return None
     try:
         if not stat.S_ISREG((os.stat if hub else os.lstat)(path).st_mode):  # a device is not opened at all
             return None

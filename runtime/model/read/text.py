@@ -21,6 +21,13 @@ def printable(text):
                    for c in body) + end
 
 
+def field(text, most=64):
+    """`text` as one field of a report line: printable(), a final newline escaped too (nothing from a file starts a
+    line), and cut to `most` characters where longer, with its length said."""
+    shown = printable(text + "\n")[:-1]
+    return shown if len(shown) <= most else f"{shown[:most]}... ({len(text)} characters)"
+
+
 def type_name(tensor):
     """A TensorProto's data type as ONNX names it (FLOAT16), or its number where ONNX names none."""
     return TensorProto.DataType.Name(tensor.data_type) if tensor.data_type in TensorProto.DataType.values() \
