@@ -83,11 +83,11 @@ def test_a_gpt2_merge_the_vocabulary_lacks_is_one_line_naming_the_key(tmp_path):
 
 
 def test_a_huge_sentencepiece_token_does_not_hang_the_rebuild(tmp_path):
-    tokens = ["<unk>", "▁", "a", "b"] + ["ab" * 250000] + WORDS  # 500000 characters: every split was tried
+    tokens = ["<unk>", "▁", "a", "b"] + ["ab" * 500000] + WORDS  # 1 MB: every split of it was tried
     started = time.monotonic()
     done = run_compare("--model", write_gguf(tmp_path / "s.gguf", tokens), "--query", "2", timeout=300)
     assert done.returncode in (0, 1), done.stderr
-    assert time.monotonic() - started < 120
+    assert time.monotonic() - started < 60
 
 
 def test_a_tokenizer_in_a_parent_the_user_did_not_name_is_not_read(tmp_path):
