@@ -129,6 +129,30 @@ def parser():
     found.add_argument("--static", action="store_true",
                         help="answer from the files alone, without onnxruntime: tables, heads, pairs and the bytes on "
                              "disk; no runtime copies, nothing counted in memory")
+    _retie_options(found)
+    found.add_argument("--timeout", type=positive, metavar="S",
+                        help="wall-clock seconds the whole command may take, onnxruntime's steps included; past them "
+                             f"it stops with one line and writes nothing (default {isolated.TIMEOUT:g}, and "
+                             f"{isolated.PER_GIB:g} more per GiB of the model's folder past the first)")
+    found.add_argument("--memory-limit", type=_memory_limit, metavar="GiB",
+                        help="address space each onnxruntime step may take (default 4 GiB + 6x the model's bytes)")
+    found.add_argument("--proof-past", type=_past, metavar="N",
+                        help="past tokens (KV cache length) in the decoder feeds the model is run and proven on "
+                             f"(default {feeds.PAST}, or the longest sliding window the model or the "
+                             "genai_config.json / config.json beside it declares)")
+    found.add_argument("--prompt-length", type=_tokens, metavar="N",
+                        help="prompt tokens at which a decoder's head scoring every position is costed (bytes of "
+                             f"logits a prefill makes, and the head's share of its multiply-adds; default {PROMPT}, "
+                             "or the context the model declares if shorter)")
+    found.add_argument("--time-prefill", action="store_true",
+                        help="measure the head's share of a prefill instead of counting it: one run at "
+                             "--prompt-length tokens in an isolated child, under onnxruntime's defaults with its "
+                             "profiler on (not made past 1 TFLOP or 120 s)")
+    return found
+
+
+def _retie_options(found):
+    """--retie and the rewrites it is asked for (the parser's options that need it)."""
     found.add_argument("--retie", metavar="OUT.onnx", help="write a copy whose duplicated heads share their table, with the sidecar files its runtime reads")
     found.add_argument("--logits-to-keep", type=int, choices=(0, 1), metavar="K",
                         help="with --retie: add an int64 input num_logits_to_keep (default K, 0 or 1) whose value k "
@@ -152,22 +176,3 @@ def parser():
     found.add_argument("--reference", metavar="MODEL|FOLDER",
                         help="with a --retie that changes values: the float model the original and OUT are both "
                              "measured against (default: a transformers.js folder's fp32 variant, where there is one)")
-    found.add_argument("--timeout", type=positive, metavar="S",
-                        help="wall-clock seconds the whole command may take, onnxruntime's steps included; past them "
-                             f"it stops with one line and writes nothing (default {isolated.TIMEOUT:g}, and "
-                             f"{isolated.PER_GIB:g} more per GiB of the model's folder past the first)")
-    found.add_argument("--memory-limit", type=_memory_limit, metavar="GiB",
-                        help="address space each onnxruntime step may take (default 4 GiB + 6x the model's bytes)")
-    found.add_argument("--proof-past", type=_past, metavar="N",
-                        help="past tokens (KV cache length) in the decoder feeds the model is run and proven on "
-                             f"(default {feeds.PAST}, or the longest sliding window the model or the "
-                             "genai_config.json / config.json beside it declares)")
-    found.add_argument("--prompt-length", type=_tokens, metavar="N",
-                        help="prompt tokens at which a decoder's head scoring every position is costed (bytes of "
-                             f"logits a prefill makes, and the head's share of its multiply-adds; default {PROMPT}, "
-                             "or the context the model declares if shorter)")
-    found.add_argument("--time-prefill", action="store_true",
-                        help="measure the head's share of a prefill instead of counting it: one run at "
-                             "--prompt-length tokens in an isolated child, under onnxruntime's defaults with its "
-                             "profiler on (not made past 1 TFLOP or 120 s)")
-    return found

@@ -15,9 +15,8 @@ from runtime.model.read.layout import transformersjs_root
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie.edits import external_sources
 from runtime.inspect.retie.rewrite import borrow
-from runtime.inspect.retie import lines, outcomes, quality, transformersjs
+from runtime.inspect.retie import lines, lossy, outcomes, quality, transformersjs
 from runtime.inspect.retie import keep as keeps
-from runtime.inspect.retie import write
 from runtime.inspect.sandbox import jobs
 from runtime.inspect.retie.write import Asked, Plan, planned_keeping, proven_at, proven_in_place
 
@@ -179,18 +178,18 @@ def proven_files(files, staged, scratch, limits, say, asked=Asked()):
         if failures:
             say(lines.failure_line(failures[0], f"{name}: "))
             return None
-        price = write.priced(f.plan, staged.path(f.name), where, limits, asked, name) if not f.fed else (
+        price = lossy.priced(f.plan, staged.path(f.name), where, limits, asked, name) if not f.fed else (
             {"not_measured": "its inputs are another file's outputs"} if looked_up else None)
         for line in quality.lines(price, f"{name}: ") if price else ():
             say(line)
         if rewritten:
             say(lines.rewritten_line(rewritten, model, info.shape, f"{name}: ", f.fed, weights,
-                                     write.replaced_kind(looked_up)))
+                                     lossy.replaced_kind(looked_up)))
         if looked_up:
             for line in lines.lookup_lines(looked_up, info, where=f"{name}: "):
                 say(line)
             if asked.records is not None:
-                asked.records.extend(write.lookup_records(looked_up, name))
+                asked.records.extend(lossy.lookup_records(looked_up, name))
         if keep:
             say(lines.kept_line(keep, logits_to_keep, info.shape, f"{name}: ", any(r.hidden for r in rewritten)))
     return Proven(held, figures)

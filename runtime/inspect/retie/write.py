@@ -2,8 +2,6 @@
 import os
 from typing import NamedTuple
 
-import numpy as np
-
 from onnx import TensorProto
 
 from graphs.storage import stage
@@ -13,7 +11,7 @@ from runtime.model.findings.vocabulary import copy_key
 from runtime.model.read import sidecars
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
-from runtime.inspect.retie import branches, headlookup, int8share, lines, quality
+from runtime.inspect.retie import branches, lines, lossy, quality
 from runtime.inspect.retie.keep import keep_last
 from runtime.inspect.retie.rewrite import planned
 from runtime.inspect.sandbox import folding, isolated, jobs, memory
@@ -33,21 +31,6 @@ class Asked(NamedTuple):
     text: object = None
     reference: str | None = None
     qualities: list | None = None
-
-
-def lookup_records(looked_up, file=None):
-    """--json's `lookup_from_head` entries of a proven --lookup-from-head (Plan.looked_up): one a lookup rewritten,
-    {"file", "table", "head", "rows_equal_head", "max_row_change", "max_row_change_in_steps", "token_agreement":
-    {"prompts", "tokens", "agreed", "same_first", "prompts_from"}, "max_logit_change"} (the greedy figures are the
-    file's)."""
-    record, found = looked_up["record"], []
-    greedy = {k: getattr(record.greedy, k) for k in ("prompts", "tokens", "agreed", "same_first", "prompts_from")}
-    rows = {r.table: r.rows_equal_head for r in record.rows}
-    for lookup in looked_up["lookups"]:
-        found.append({"file": file, "table": lookup.table, "head": lookup.codes, "rows_equal_head": rows[lookup.table],
-                      **looked_up["changes"][lookup.table], "token_agreement": greedy,
-                      "max_logit_change": record.greedy.max_logit_change})
-    return found
 
 
 class Plan(NamedTuple):
@@ -101,7 +84,7 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
     if refused and not (in_place or upstream or looked_up):  # as the proof would: no child of the proof started
         raise InspectError(f"{model.path} cannot be proven on this machine, nothing written: {refused}")
     optimized = os.path.join(folder, "retied.optimized.onnx")
-    replaced = looked_up and head_rows_of(plan, folder)
+    replaced = looked_up and lossy.head_rows_of(plan, folder)
     finals = sorted({r.now for r in rewritten})
     # a table stored anew ("<table>_rows", not among the original's tensors) holds the table's elements
     sizes = copy_sizes(model, [r.now if r.now in model.tensors else r.table for r in rewritten])
@@ -127,7 +110,7 @@ def proven_at(plan, staged, folder, limits, upstream=(), in_place=None, measure=
             isolated.call(jobs.optimize(jobs.tool_model(staged), optimized, folder),
                           "optimizing the retied model", limits, model.file_bytes)
         if looked_up and not failures:
-            failures += lookup_proof(plan, staged, replaced, folder, limits)
+            failures += lossy.lookup_proof(plan, staged, replaced, folder, limits)
     except isolated.StepFailed as e:  # onnx or onnxruntime refusing the rewritten model: write nothing
         return Proof(None, {}, [f"failed, nothing written: {e}"], None)
     retied, retied_optimized = load(staged), folding.read_optimized(optimized, folder, written)
@@ -173,48 +156,6 @@ def packs(name, prepacked):
     return sum(p["initializer"] == name for p in prepacked)
 
 
-def head_rows_of(plan, folder):
-    """{float table: jobs.head_rows}: each lookup's table as its head (as it is now) dequantizes it, written to
-    `folder` as .npy (headlookup.head_rows), its change from the table kept in plan.looked_up["changes"]; a head
-    --shared-int8 requantized goes with its new codes and scales (the original runs them too: jobs.requantized)."""
-    tables = {p.table: p.table_entry for p in plan.found.pairs}
-    replaced, changes = {}, {}
-    for i, lookup in enumerate(plan.looked_up["lookups"]):
-        head, table = lookup.head, tables[lookup.table]
-        path = os.path.join(folder, f"head_rows_{i}.npy")
-        changes[lookup.table] = headlookup.head_rows(plan.model, head, table, path)
-        requantized = None
-        if lookup.requantized:
-            arrays = []
-            for kind, name in (("codes", head.quant.codes), ("scales", head.quant.scale)):
-                arrays.append(os.path.join(folder, f"head_{kind}_{i}.npy"))
-                np.save(arrays[-1], plan.model.tensors[name].values())
-            requantized = jobs.requantized(head.node.output[0], [head.quant.codes, head.quant.scale], arrays,
-                                           {a.name: a.i for a in head.node.attribute
-                                            if a.name in int8share.ATTRIBUTES})
-        replaced[lookup.table] = jobs.head_rows(path, lookup.transposed, requantized)
-    plan.looked_up["changes"] = changes
-    return replaced
-
-
-def lookup_proof(plan, staged, replaced, folder, limits):
-    """Check every id's row of the staged retied model against the head's rows and measure greedy agreement with
-    the original (sandbox.headrows, isolated); the record in plan.looked_up["record"]; failures (one line each)."""
-    found, lookups = plan.found, plan.looked_up["lookups"]
-    first = lookups[0].head
-    vocab = first.vocab
-    job = jobs.head_lookup(plan.model.checked, staged,
-                           [jobs.lookup_check(k.output, k.table, replaced[k.table]["rows"]) for k in lookups],
-                           jobs.greedy_feeds(found.rows, found.shape,
-                                             headlookup.prompts_for(plan.model.path, vocab)),
-                           first.scores or "logits", vocab, folder)
-    limits.progress("checking every looked-up row and running both models greedily")
-    record = isolated.call(job, "checking the lookup from the head", limits, plan.model.file_bytes)
-    plan.looked_up["record"] = record
-    return [f"{r.table}: the looked-up row of id {r.first_different} is not the head's dequantization of it"
-            for r in record.rows if not r.rows_equal_head]
-
-
 def proven_in_place(plan, folder, say, prove):
     """A proof, a merged decoder's shared weights read in place first (branches.in_place); where that is not
     proven, the weights are left as they were and the rest proven alone. `prove(in_place, folder)` stages the
@@ -251,7 +192,7 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
         if failures:
             say(lines.failure_line(failures[0]))
             return 1
-        price = priced(plan, staged.path, folder, limits, asked, model.path)
+        price = lossy.priced(plan, staged.path, folder, limits, asked, model.path)
         if measured is None:  # what gained_line reports
             part = jobs.part(jobs.tool_model(staged.path), found.rows, found.shape)
             measured = memory.measure(part, folder, limits, model.file_bytes, settings=["defaults"])
@@ -266,12 +207,13 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
     for line in quality.lines(price) if price else ():
         say(line)
     if rewritten:
-        say(lines.rewritten_line(rewritten, model, found.shape, weights=weights, replaced=replaced_kind(looked_up)))
+        say(lines.rewritten_line(rewritten, model, found.shape, weights=weights,
+                                 replaced=lossy.replaced_kind(looked_up)))
     if looked_up:
         for line in lines.lookup_lines(looked_up, found, measured):
             say(line)
         if asked.records is not None:
-            asked.records.extend(lookup_records(looked_up, model.path))
+            asked.records.extend(lossy.lookup_records(looked_up, model.path))
     if keep:
         say(lines.kept_line(keep, logits_to_keep, found.shape, retied=any(r.hidden for r in rewritten)))
     was = {v["table"]: v for v in found.vocabulary}
@@ -283,26 +225,6 @@ def retie(model, found, out_path, folder, limits, say, asked=Asked()):
     for line in sidecars.copy_beside(model.path, out_path):
         say(f"retie: {line}\n")
     return 0
-
-
-def replaced_kind(looked_up):
-    """What a lossy retie replaced, for lines.rewritten_line: "int8" where --shared-int8 made the head's codes
-    anew, True where the lookup reads the head's own, False where none."""
-    if not looked_up:
-        return False
-    return "int8" if any(k.requantized for k in looked_up["lookups"]) else True
-
-
-def priced(plan, staged, folder, limits, asked, file):
-    """The quality record (retie.quality.measure) of a plan whose rewrite changes values (--lookup-from-head),
-    proven and staged at `staged`, measured against its original; kept in asked.qualities with its `file`. None
-    where the plan changes no value."""
-    if not plan.looked_up:
-        return None
-    found = quality.measure(plan.model, plan.found, staged, folder, limits, asked.text, asked.reference)
-    if asked.qualities is not None:
-        asked.qualities.append({"file": file, **found})
-    return found
 
 
 def planned_keeping(model, found, say, logits_to_keep, lossy=None):
