@@ -21,8 +21,9 @@ SPM_SCORES = [0, 0, 0] + [-1000 - i for i in range(3, 15)] + [-17, -22, -99, -30
                                                               -9000, -9500]
 
 
-def write_gguf(path, architecture, tokens, model="llama", table=None, width=16, scores=None):
-    """A GGUF file holding a float32 token table (random, seed 0, unless given) and its vocabulary."""
+def write_gguf(path, architecture, tokens, model="llama", table=None, width=16, scores=None, merges=None):
+    """A GGUF file holding a float32 token table (random, seed 0, unless given) and its vocabulary (its merges for a
+    `gpt2` model)."""
     table = np.random.default_rng(0).standard_normal((len(tokens), width)).astype(np.float32) if table is None \
         else table
     writer = gguf.GGUFWriter(str(path), architecture)
@@ -30,6 +31,8 @@ def write_gguf(path, architecture, tokens, model="llama", table=None, width=16, 
     writer.add_token_list(tokens)
     if scores is not None:
         writer.add_token_scores([float(s) for s in scores])
+    if merges is not None:
+        writer.add_token_merges(merges)
     writer.add_tensor("token_embd.weight", table)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -11,6 +11,7 @@ import pytest
 
 from reference.scores import lead_factor
 from tests.helpers import refused
+from tests import test_compare_families as families
 from tests.test_compare_model import run_compare
 
 gguf = pytest.importorskip("gguf")
@@ -18,21 +19,9 @@ gguf = pytest.importorskip("gguf")
 WORDS = [f"w{i}" for i in range(40)]
 
 
-def write_gguf(path, tokens, table=None, model="llama", architecture="llama", merges=None, width=16):
-    """A GGUF file of a float32 token table (random, seed 0, unless given) and its vocabulary."""
-    table = np.random.default_rng(0).standard_normal((len(tokens), width)).astype(np.float32) if table is None \
-        else table
-    writer = gguf.GGUFWriter(str(path), architecture)
-    writer.add_tokenizer_model(model)
-    writer.add_token_list(tokens)
-    if merges is not None:
-        writer.add_token_merges(merges)
-    writer.add_tensor("token_embd.weight", table)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+def write_gguf(path, tokens, table=None, model="llama", architecture="llama", merges=None):
+    """test_compare_families.write_gguf's file (a float32 table of width 16, random unless given), its path."""
+    return families.write_gguf(path, architecture, tokens, model=model, table=table, merges=merges)[0]
 
 
 @pytest.mark.parametrize("value, said", [(np.inf, "+inf"), (-np.inf, "-inf"), (np.nan, "NaN")])
