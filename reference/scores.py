@@ -120,9 +120,10 @@ def _scores(table, token_id, metric):
 
 
 def ranked(scores, token_id, k):
-    """The `k` tokens of best `scores` (one per token) other than `token_id`, best first, ties to the lower id."""
+    """The `k` tokens of best `scores` (one per token) other than `token_id`, best first, ties to the lower id; a
+    score of None (a cosine an all-zero row has not) is left out."""
     check_int("k", k, 0)
-    others = (t for t in range(len(scores)) if t != token_id)
+    others = (t for t in range(len(scores)) if t != token_id and scores[t] is not None)
     return heapq.nsmallest(k, others, key=lambda t: (-scores[t], t))  # == sorted(...)[:k], in O(V log k)
 
 
@@ -132,21 +133,24 @@ def neighbors(table, token_id, k, metric="cosine"):
     return ranked(_scores(table, token_id, metric), token_id, k)
 
 
-def scores_of(table, token_ids):
+def scores_of(table, token_ids, zero_rows=False):
     """{token_id: {"dot": [...], "cosine": [...]}}: every token's score against each of `token_ids` by both
     metrics, the numbers neighbors ranks, from one pass over the table: each row read once, its norm and its dot
     with each query taken once. ranked(scores_of(...)[q][m], q, k) == neighbors(table, q, k, m), and the dot
-    scores == logits(table, table[q]), for a caller that needs several (a real table's rows are costly to read)."""
+    scores == logits(table, table[q]), for a caller that needs several (a real table's rows are costly to read).
+    An all-zero row has no direction: ValueError, or with `zero_rows` its cosine None (ranked leaves it out; a
+    query must have a direction)."""
     vocab, _ = shape(table)
     queries = {q: table[check_id(q, vocab)] for q in token_ids}
     dots, norms = {q: [] for q in queries}, []
     for t, row in enumerate(table):
         norms.append(norm(row))
-        if norms[-1] == 0.0:
+        if norms[-1] == 0.0 and (not zero_rows or t in queries):
             raise ValueError(f"row {t} is all zeros: cosine needs a direction")
         for q, query in queries.items():
             dots[q].append(dot(row, query))
-    return {q: {"dot": dots[q], "cosine": [d / (n * norms[q]) for d, n in zip(dots[q], norms)]} for q in queries}
+    return {q: {"dot": dots[q], "cosine": [None if n == 0.0 else d / (n * norms[q]) for d, n in zip(dots[q], norms)]}
+            for q in queries}
 
 
 def scale_sqrt_d(table):

@@ -107,3 +107,25 @@ def test_feeds_past_their_bound_are_refused_not_allocated():
                               [helper.make_tensor_value_info("logits", TensorProto.INT64, None)])
     with pytest.raises(NoFeeds, match="extra"):
         shaped_feeds(helper.make_model(graph), {"input_ids": 10}, {"past": 0, "head_size": None}, 3)
+
+
+def test_an_all_zero_row_is_a_finding_left_out_of_the_cosine_lists(tmp_path):
+    """Padding rows are often zero: their cosine is 0/0. They are named, left out of every cosine list (the graph's and
+    embed's alike, so the check still compares them), and refused as a query, in one line."""
+    table = np.random.default_rng(0).standard_normal((40, 16)).astype(np.float32)
+    table[[5, 17]] = 0.0
+    path = write_gguf(tmp_path / "z.gguf", WORDS, table)
+    done = run_compare("--model", path, "--query", "0", "--k", "39", "--json", "-", timeout=300)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    (cosine,) = [c for c in data["checks"] if c["graph"] == "neighbors_cosine"]
+    unit = table.astype(np.float64)
+    lengths = np.linalg.norm(unit, axis=1)
+    others = [t for t in range(40) if t not in (0, 5, 17)]
+    cos = {t: unit[t] @ unit[0] / (lengths[t] * lengths[0]) for t in others}
+    assert cosine["passed"] and cosine["values"]["indices"] == sorted(others, key=lambda t: (-cos[t], t))  # 37 only
+    (dot,) = [c for c in data["checks"] if c["graph"] == "neighbors_dot"]
+    assert len(dot["values"]["indices"]) == 39  # a zero row has a dot product, 0
+    (zero,) = [c for c in data["checks"] if c["name"] == "zero_rows"]
+    assert "2 all-zero rows (padding rows: w5, w17)" in zero["detail"]
+    assert refused(run_compare("--model", path, "--query", "5", timeout=120), "--query 5", "all zeros")

@@ -58,12 +58,16 @@ def scores_and_bounds(rows, query, metric, tokens):
 
 def graph_lists(lab, queries, k, metric, data=None):
     """{query: (ids, scores)}: the graph's k nearest other tokens of each query by `metric` (on data file `data`,
-    default the table), from one session, closed after."""
+    default the table), from one session, closed after. The table's all-zero rows (lab.zero_rows), whose cosine is
+    0/0 in the graph, are left out of a cosine list: k + their count asked for, those dropped (onnxruntime's TopK
+    keeps every other score in order beside a NaN)."""
     runner = lab.runner(f"neighbors_{metric}", *([data] if data else []))
+    skip = set(lab.zero_rows) if metric == "cosine" else set()
     found = {}
     for query in queries:
-        out = runner.run({"ids": [query], "k": [k]})
-        found[query] = ([int(i) for i in out["indices"][0]], [float(v) for v in out["scores"][0]])
+        out = runner.run({"ids": [query], "k": [k + len(skip)]})
+        kept = [(int(i), float(v)) for i, v in zip(out["indices"][0], out["scores"][0]) if int(i) not in skip][:k]
+        found[query] = ([i for i, _ in kept], [v for _, v in kept])
     lab.close(f"neighbors_{metric}")
     return found
 

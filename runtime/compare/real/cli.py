@@ -26,12 +26,13 @@ DEFAULT_QUERIES = (" Paris", " king", " water")  # tried with a tokenizer; those
 
 def default_queries(vocabulary, lengths):
     """(ids, why): the queries when none is given: the words of DEFAULT_QUERIES the tokenizer makes one token each
-    (why None), else the rows of median, shortest and longest length, and why in one line."""
+    (why None), else the rows of median, shortest and longest length, and why in one line; an all-zero row (no
+    direction) is never one."""
     made = [vocabulary.encode(word) for word in DEFAULT_QUERIES]
-    ids = [m[0] for m in made if m is not None and len(m) == 1 and 0 <= m[0] < len(lengths)]
+    ids = [m[0] for m in made if m is not None and len(m) == 1 and 0 <= m[0] < len(lengths) and lengths[m[0]] > 0]
     if ids:
         return list(dict.fromkeys(ids)), None
-    order = np.argsort(lengths, kind="stable")
+    order = [t for t in np.argsort(lengths, kind="stable") if lengths[t] > 0]
     words = ", ".join(repr(w) for w in DEFAULT_QUERIES)
     why = (f"no tokenizer to make {words} tokens" if all(m is None for m in made) else
            f"the tokenizer makes none of {words} one token")
@@ -136,7 +137,7 @@ def check_values(table):
     if table.vocab < 2:
         raise InspectError(f"table {table.name}: {table.vocab} row: no other token to rank; compare --model needs at "
                            "least two")
-    values = table.values
+    values, zero = table.values, []
     for t0 in range(0, table.vocab, _ROWS_AT_ONCE):
         block = np.asarray(values[t0:t0 + _ROWS_AT_ONCE])
         bad = ~np.isfinite(block)
@@ -145,6 +146,20 @@ def check_values(table):
             what = "NaN" if np.isnan(block[row, column]) else f"{block[row, column]:+}"
             raise InspectError(f"table {table.name}: row {t0 + row} holds {what} (column {column}): the lab compares "
                                "finite values only; nothing was run")
+        zero += (t0 + np.flatnonzero(~block.any(axis=1))).tolist()
+    if table.vocab - len(zero) < 2:
+        raise InspectError(f"table {table.name}: {table.vocab - len(zero)} of its {table.vocab} rows not all zeros: "
+                           "no two directions to compare")
+    table.zero_rows = zero
+
+
+def check_queries(table, ids):
+    """UsageError naming a query that is an all-zero row: it has no direction, so no cosine list."""
+    zero = set(table.zero_rows)
+    bad = next((i for i in ids or () if i in zero), None)
+    if bad is not None:
+        raise embed.UsageError(f"--query {bad}: row {bad} is all zeros (a padding row): it has no direction to rank "
+                               "others by; give another")
 
 
 def _check_ids(ids, vocab):
@@ -181,8 +196,9 @@ def run(config):
         progress(f"decoding {table.name} ({table.vocab} x {table.width}, {table.format})")
         table.read()
         check_values(table)
+        check_queries(table, queries)
         with tempfile.TemporaryDirectory(prefix="onnx-lab-compare-model-") as folder:
-            lab = Lab(table.values, folder)
+            lab = Lab(table.values, folder, table.zero_rows)
             table.values = lab.values  # the decoded copy goes; the data file's map is the table from here on
             say(_header(table, config.model) + "\n")
             found, lists, lengths, scores, counts = _measure(config, table, lab, vocabulary, progress, say,

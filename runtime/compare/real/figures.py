@@ -106,15 +106,19 @@ def hub_sample(vocab, most=HUB_QUERIES):
 def hubs(lab, k):
     """{queries, k, dot, cosine}: over hub_sample's tokens, how often each row appears in their top-k lists by dot
     and by cosine (the lab's neighbour graphs, one session at a time, its arena kept for the blocks of one shape),
-    as count arrays."""
-    vocab = lab.values.shape[0]
+    as count arrays. The table's all-zero rows (lab.zero_rows) are neither sampled nor counted in a cosine list
+    (their cosine is 0/0: k + their count asked for, those dropped, the first k others kept)."""
+    vocab, skipped = lab.values.shape[0], np.asarray(sorted(lab.zero_rows), np.int64)
     # the cosine graph scales every row on each run: the larger the block, the fewer runs (and the higher the peak)
-    sample, block = hub_sample(vocab), max(1, SCORES_AT_ONCE // 2 // (4 * vocab))
+    sample, block = np.setdiff1d(hub_sample(vocab), skipped), max(1, SCORES_AT_ONCE // 2 // (4 * vocab))
     counts = {}
     for metric in ("dot", "cosine"):
         runner, seen = lab.runner(f"neighbors_{metric}", arena=True), np.zeros(vocab, np.int64)
+        extra = len(skipped) if metric == "cosine" else 0
         for i in range(0, len(sample), block):
-            found = runner.run({"ids": sample[i:i + block], "k": [k]})["indices"]
+            found = runner.run({"ids": sample[i:i + block], "k": [k + extra]})["indices"]
+            if extra:
+                found = np.stack([row[~np.isin(row, skipped)][:k] for row in found])
             np.add.at(seen, found.reshape(-1), 1)
         lab.close(f"neighbors_{metric}")
         counts[metric] = seen

@@ -28,10 +28,11 @@ class Lab:
     """The graphs of BUILDERS on `values` (float32 [vocab, width]) in `folder`. `values` is then this table as a
     memory map of the data file the sessions read (`data`): one copy of its pages, however many read it. Every
     graph's file is written by build(), or on first use. A session loads the table into memory of its own where a kernel
-    needs it whole, so runs open one at a time (close())."""
+    needs it whole, so runs open one at a time (close()). `zero_rows`: the table's all-zero rows (Table.zero_rows),
+    which the cosine lists and hub counts leave out."""
 
-    def __init__(self, values, folder):
-        self.folder, self.runners = folder, {}
+    def __init__(self, values, folder, zero_rows=()):
+        self.folder, self.runners, self.zero_rows = folder, {}, tuple(zero_rows)
         self.data = os.path.join(folder, DATA)
         _write(self.data, values)
         release(values)

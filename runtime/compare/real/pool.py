@@ -35,7 +35,7 @@ def _pass(what, queries, argument, stretch):
             return embed.onehot_lookup(rows, list(argument))
         k, with_logits = argument
         found = {}
-        for query, scores in embed.scores_of(rows, queries).items():
+        for query, scores in embed.scores_of(rows, queries, zero_rows=True).items():  # padding rows: no cosine
             found[query] = {metric: embed.ranked(scores[metric], query, k) for metric in ("cosine", "dot")}
             if with_logits:
                 found[query]["logits"] = scores["dot"]

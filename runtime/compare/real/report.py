@@ -57,7 +57,8 @@ def hubs_line(vocabulary, counts):
 
 
 def table_lines(table, lengths, vocabulary, longest):
-    """INFO Checks: the table's size and tie, what doubling the vocabulary costs, its row lengths, its row scale."""
+    """INFO Checks: the table's size and tie, what doubling the vocabulary costs, its row lengths, its row scale, and
+    its all-zero rows where it has any."""
     vocab, width = table.shape
     doubled = doubled_bytes(table)
     tie = f"tied (the head reads {table.head})" if table.tied else "not tied: the head is another table" \
@@ -72,8 +73,15 @@ def table_lines(table, lengths, vocabulary, longest):
               f"({vocabulary.shown(int(lengths.argmax()))}), median {float(np.median(lengths)):.2f}; "
               "longest: " + ", ".join(f"{vocabulary.shown(t)} {lengths[t]:.2f}" for t in longest)),
              row_scale_words(table)]
+    names = ["table", "sizes", "lengths", "row_scale"]
+    if table.zero_rows:
+        zero = table.zero_rows
+        lines.append(f"{len(zero)} all-zero row{'s' if len(zero) != 1 else ''} (padding rows: "
+                     f"{', '.join(vocabulary.shown(t) for t in zero[:5])}{', ...' if len(zero) > 5 else ''}): no "
+                     "direction, so no cosine; left out of every cosine list and of the hubs' sample")
+        names.append("zero_rows")
     return [Check(name, table.name if len(table.name) <= 22 else "token table", None, line, info=True, claim=line)
-            for name, line in zip(("table", "sizes", "lengths", "row_scale"), lines)]
+            for name, line in zip(names, lines)]
 
 
 def row_scale_words(table):

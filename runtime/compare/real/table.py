@@ -11,7 +11,8 @@ class Table:
     model's own float32 bytes could be read in place), None until read() decodes it (`shape` is known before: a
     query is checked against the vocabulary before the table is read); `tied` inspect's finding (a head reads the
     same values), `scored` whether any head scores tokens with a table of its size (none: an encoder);
-    `others` the other token tables, not chosen; `folder` where the tokenizer is looked for; `tokens` / `merges` /
+    `others` the other token tables, not chosen; `zero_rows` the ids of all-zero rows (padding rows: no direction,
+    left out of every cosine list), found once the values are read (cli.check_values); `folder` where the tokenizer is looked for; `tokens` / `merges` /
     `tokenizer_model` / `scores`: a GGUF file's vocabulary; `architecture` its general.architecture."""
     model: str
     name: str
@@ -30,6 +31,7 @@ class Table:
     architecture: str | None = None
     scored: bool = True
     others: list = field(default_factory=list)
+    zero_rows: list = field(default_factory=list)
     reader: object = field(default=None, repr=False)
     values: np.ndarray | None = field(default=None, repr=False)
 
