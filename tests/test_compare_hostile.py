@@ -129,3 +129,13 @@ def test_an_all_zero_row_is_a_finding_left_out_of_the_cosine_lists(tmp_path):
     (zero,) = [c for c in data["checks"] if c["name"] == "zero_rows"]
     assert "2 all-zero rows (padding rows: w5, w17)" in zero["detail"]
     assert refused(run_compare("--model", path, "--query", "5", timeout=120), "--query 5", "all zeros")
+
+
+def test_an_argument_that_is_not_utf8_is_one_line(tmp_path):
+    import subprocess
+    import sys
+    from tests.helpers import ROOT
+    path = write_gguf(tmp_path / "v.gguf", WORDS)
+    done = subprocess.run([sys.executable, "-m", "runtime.compare", "--model", str(path), "--query", b"w\xff"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused(done, "not UTF-8"), done.stderr

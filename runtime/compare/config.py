@@ -159,6 +159,10 @@ def parse(argv=None, description=""):
     (embed.OneLineParser's) with one line naming it."""
     p = parser(description)
     argv = sys.argv[1:] if argv is None else list(argv)
+    bad = next((a for a in argv if isinstance(a, str) and any("\udc80" <= c <= "\udcff" for c in a)), None)
+    if bad is not None:  # bytes the locale could not decode, kept by Python as lone surrogates
+        raise embed.UsageError(f"{p.prog}: error: an argument is not UTF-8 ({os.fsencode(bad)!r:.80}); give it as "
+                               "UTF-8 text")
     args = p.parse_args(argv)
     if args.model is not None:
         return _model_config(p, args, argv)
