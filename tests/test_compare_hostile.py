@@ -139,3 +139,11 @@ def test_an_argument_that_is_not_utf8_is_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "runtime.compare", "--model", str(path), "--query", b"w\xff"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert refused(done, "not UTF-8"), done.stderr
+
+
+def test_a_row_whose_length_overflows_float32_is_refused_without_warnings(tmp_path):
+    table = np.random.default_rng(0).standard_normal((40, 16)).astype(np.float32)
+    table[11, 2] = 3e19  # finite in float32; its square is not
+    done = run_compare("--model", write_gguf(tmp_path / "big.gguf", WORDS, table), "--query", "0", timeout=120)
+    assert refused(done, "row 11", "overflows float32"), done.stderr
+    assert "Warning" not in done.stderr

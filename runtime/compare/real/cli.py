@@ -128,12 +128,14 @@ def _measure(config, table, lab, vocabulary, progress, say, queries):
 
 
 _ROWS_AT_ONCE = 1 << 14  # rows scanned for non-finite values at a time
+_LENGTH_MOST = float(np.sqrt(np.finfo(np.float32).max)) / 2  # a row whose squared length float32 holds, with room
 
 
 def check_values(table):
     """InspectError (one line) for a table the lab cannot say true things of: fewer than two rows (no other token to
-    rank), or a NaN or an infinity anywhere (float16 overflow included), naming the first such row and column;
-    checked on the decoded values before any graph runs."""
+    rank), a NaN or an infinity anywhere (float16 overflow included), naming the first such row and column, or a row
+    whose squared length would overflow float32 (the graphs' norms); checked on the decoded values before any graph
+    runs. Sets table.zero_rows; fewer than two rows with a direction: InspectError."""
     if table.vocab < 2:
         raise InspectError(f"table {table.name}: {table.vocab} row: no other token to rank; compare --model needs at "
                            "least two")
@@ -147,6 +149,12 @@ def check_values(table):
             raise InspectError(f"table {table.name}: row {t0 + row} holds {what} (column {column}): the lab compares "
                                "finite values only; nothing was run")
         zero += (t0 + np.flatnonzero(~block.any(axis=1))).tolist()
+        largest = np.max(np.abs(block), axis=1)
+        over = np.flatnonzero(largest.astype(np.float64) * np.sqrt(table.width) > _LENGTH_MOST)
+        if len(over):
+            row = int(over[0])
+            raise InspectError(f"table {table.name}: row {t0 + row}'s length overflows float32 (its largest |value| "
+                               f"{largest[row]:.3g}): the graphs square and sum rows in float32; nothing was run")
     if table.vocab - len(zero) < 2:
         raise InspectError(f"table {table.name}: {table.vocab - len(zero)} of its {table.vocab} rows not all zeros: "
                            "no two directions to compare")
