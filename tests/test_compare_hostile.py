@@ -147,3 +147,18 @@ def test_a_row_whose_length_overflows_float32_is_refused_without_warnings(tmp_pa
     done = run_compare("--model", write_gguf(tmp_path / "big.gguf", WORDS, table), "--query", "0", timeout=120)
     assert refused(done, "row 11", "overflows float32"), done.stderr
     assert "Warning" not in done.stderr
+
+
+def test_a_tokenizer_linked_to_a_file_of_the_same_folder_is_read(tmp_path):
+    import os
+    import graphs
+    from tests.test_compare_model import tokenizer
+    folder = tmp_path / "model"
+    folder.mkdir()
+    graphs.save(graphs.tied_logits(graphs.make_table(60, 16, 3)), folder / "model.onnx")
+    tokenizer(folder, [f"word{i}" for i in range(60)])
+    os.rename(folder / "tokenizer.json", folder / "real.json")
+    os.symlink("real.json", folder / "tokenizer.json")  # stays inside: read as the file it names (refused before)
+    done = run_compare("--model", folder, "--query", "word5", "--json", "-", timeout=300)
+    assert done.returncode in (0, 1), done.stderr
+    assert "word5" in done.stdout

@@ -303,7 +303,8 @@ def test_a_zeroed_row_is_no_step_and_a_change_without_a_scale_is_infinite():
 
 
 def test_the_greedy_prompts_come_from_the_models_tokenizer(tmp_path):
-    """prompts_for: the model's tokenizer.json (above a transformers.js onnx/ too) makes the texts ids, as a client
+    """prompts_for: the model's tokenizer.json (at a transformers.js root above its onnx/ too, and no other parent)
+    makes the texts ids, as a client
     encodes them; an id past the table, or no tokenizer, gives None (fixed ids)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from runtime.inspect.retie.headlookup import TEXTS, prompts_for
@@ -314,6 +315,8 @@ def test_the_greedy_prompts_come_from_the_models_tokenizer(tmp_path):
     (tmp_path / "onnx").mkdir()
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     expected = [tokenizer.encode(text).ids for text in TEXTS]
+    assert prompts_for(str(tmp_path / "onnx" / "model_q4.onnx"), len(vocab)) is None  # no config.json: not a root
+    (tmp_path / "config.json").write_text("{}")  # a transformers.js root: its onnx/ reads the root's files
     assert prompts_for(str(tmp_path / "onnx" / "model_q4.onnx"), len(vocab)) == expected
     assert prompts_for(str(tmp_path / "model.onnx"), len(vocab)) == expected
     assert prompts_for(str(tmp_path / "model.onnx"), 3) is None  # ids past a 3-row table

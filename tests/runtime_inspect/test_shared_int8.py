@@ -128,3 +128,19 @@ def test_transformersjs_node_and_browser_run_the_shared_int8(tmp_path, dtype):
     assert client.node_greedy(out, TJS_PROMPTS, NEW, dtype=dtype)["tokens"] == expected
     if client.chromium():
         assert client.browser_greedy(out, TJS_PROMPTS, NEW, dtype=dtype)["tokens"] == expected
+
+
+def test_a_width_of_part_blocks_is_left_and_said(tmp_path):
+    """A table 48 wide: --lookup-from-head could read a head's 16-value blocks of it, but 48 is not whole blocks of
+    32, so --shared-int8 leaves the pair and says why (requantized's reshape raised before)."""
+    import dataclasses
+    from runtime.inspect.retie import rules
+    from runtime.inspect.retie.rules import Lossy, SHARED_INT8
+    from runtime.model.found import static_findings
+    from runtime.model.read.model import load
+    model = load(os.path.join(FIXTURES, "ortquant_q4_asym", "model.onnx"))
+    (pair,) = [p for p in static_findings(model).pairs if p.relation == "quantized_copy"]
+    narrow = dataclasses.replace(pair, table_entry=dataclasses.replace(pair.table_entry, width=48))
+    assert rules.remedy(narrow, Lossy(SHARED_INT8)) == (
+        None, "a width of 48 is not whole blocks of 32: --shared-int8 leaves it as it is")
+    assert rules.remedy(pair, Lossy(SHARED_INT8)) == (SHARED_INT8, None)

@@ -6,7 +6,7 @@ import re
 
 from embed import UsageError
 from runtime.model.read import sidecars
-from runtime.model.read.layout import transformersjs_root
+from runtime.model.read.layout import sidecar_folders
 from runtime.model.read.text import InspectError, field
 
 TOKENIZER = "tokenizer.json"
@@ -79,13 +79,6 @@ def _tokenizers():
         return tokenizers
     except ImportError:
         return None
-
-
-def sidecar_folders(folder):
-    """Where the files beside a model are read: its own folder, and for a transformers.js folder's onnx/ the root
-    above it (layout.transformersjs_root), nowhere else: a parent the user did not name is not read."""
-    found = transformersjs_root(folder)
-    return [folder] + ([found[0]] if found and found[1] else [])
 
 
 def _tokenizer_json(folder):

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from runtime.model.graph import quantized
 from runtime.model.graph.quantized import attribute
 from runtime.model.findings.headcodes import FLAG
-from runtime.model.read import sidecars
+from runtime.model.read.layout import tokenizer_of
 from runtime.inspect.retie.edits import const, shell, unique_name, view_of
 from runtime.inspect.retie.packed import gather_packed_in_place
 
@@ -119,10 +119,10 @@ TEXTS = ("The capital of France is", "Once upon a time, there was", "def fibonac
 
 
 def prompts_for(model_path, vocab):
-    """The greedy runs' prompts: TEXTS made ids by the model's tokenizer.json (sidecars.tokenizer), special tokens
+    """The greedy runs' prompts: TEXTS made ids by the model's tokenizer.json (layout.tokenizer_of), special tokens
     added as a client adds them, every id below `vocab`; None where there is no tokenizer (or the tokenizers
     library), and the runs take fixed ids."""
-    tokenizer = sidecars.tokenizer(model_path)
+    tokenizer = tokenizer_of(model_path)
     if tokenizer is None:
         return None
     made = [tokenizer.encode(text).ids for text in TEXTS]

@@ -13,8 +13,7 @@ import stat
 from typing import NamedTuple
 
 from runtime.model.found import static_findings
-from runtime.model.read import sidecars
-from runtime.model.read.layout import client_files, transformersjs_root
+from runtime.model.read.layout import client_files, tokenizer_of, transformersjs_root
 from runtime.model.read.model import load
 from runtime.model.read.text import InspectError
 from runtime.inspect.retie.transformersjs import session
@@ -39,16 +38,13 @@ DEFAULT = Text(DEFAULT_TEXT, DEFAULT_NAME)
 
 def checked_text(path):
     """--text's file, checked before anything is written: a Text, or InspectError in one line where it is missing,
-    not a regular file (a folder, a FIFO: never opened to wait on), empty, or not UTF-8."""
-    try:
-        info = os.stat(path)
-    except OSError as e:
-        raise InspectError(f"--text {path}: {e.strerror}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise InspectError(f"--text {path}: not a regular file (a folder, FIFO or device); give a UTF-8 text file")
+    not a regular file (a folder, a FIFO: opened without waiting, refused on its descriptor), empty, or not UTF-8."""
     decoder, at = codecs.getincrementaldecoder("utf-8")(), 0
     try:
-        with open(path, "rb", buffering=0) as f:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb", buffering=0) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise InspectError(f"--text {path}: not a regular file (a folder, FIFO or device); give a UTF-8 "
+                                   "text file")
             while block := f.read(1 << 20):
                 decoder.decode(block)
                 at += len(block)
@@ -165,8 +161,11 @@ def _logits(found):
 
 
 class Measure(NamedTuple):
-    """What a quality job needs besides the retied model: the text's windows and how they were cut, and the
-    reference (its path, the job's entry for it and its files' bytes), or None."""
+    """What a quality job needs besides the retied model: the original's token ids input and logits output (OUT's
+    the same), the text's windows and how they were cut, and the reference (its path, the job's entry for it and
+    its files' bytes), or None."""
+    ids: str
+    logits: str
     windows: list
     window: int
     text: Text
@@ -179,7 +178,7 @@ def prepared(model, found, text=None, reference=None):
     """A Measure for `model` (its Findings `found`), or (None, why) where it cannot be measured: no tokenizer.json
     beside the model (or above a transformers.js onnx/ folder), or no token ids input. `reference`: --reference's
     path, else the transformers.js fp32 sibling where there is one."""
-    tokenizer = sidecars.tokenizer(model.path)
+    tokenizer = tokenizer_of(model.path)
     if tokenizer is None:
         return None, "no tokenizer.json beside the model (and the tokenizers library) to make its tokens"
     ids = _ids_input(model.proto, found.rows)
@@ -189,17 +188,16 @@ def prepared(model, found, text=None, reference=None):
     text = text or DEFAULT
     cut = windows(tokenizer, text, window)
     path = reference_for(model.path, reference)
-    ref_job = None
-    if path is not None and os.path.realpath(path) != os.path.realpath(model.path):
-        ref = load(path)
-        ref_found = static_findings(ref, feeds.plan(ref.proto, path))
-        ref_ids = _ids_input(ref.proto, ref_found.rows)
-        if ref_ids is None:
-            raise InspectError(f"--reference {path}: no token ids input found in it")
-        ref_job = jobs.scored(jobs.user_model(ref.checked), ref_ids, _logits(ref_found), ref_found.rows,
-                              ref_found.shape)
-        return Measure(cut, window, text, path, ref_job, ref.file_bytes), None
-    return Measure(cut, window, text, None, None), None
+    if path is None or os.path.realpath(path) == os.path.realpath(model.path):
+        return Measure(ids, _logits(found), cut, window, text, None, None), None
+    ref = load(path)  # the checked reader: its child opens the file checked here
+    ref_found = static_findings(ref, feeds.plan(ref.proto, path))
+    ref_ids = _ids_input(ref.proto, ref_found.rows)
+    if ref_ids is None:
+        raise InspectError(f"--reference {path}: no token ids input found in it")
+    ref_job = jobs.scored(jobs.user_model(ref.checked), ref_ids, _logits(ref_found), ref_found.rows,
+                          ref_found.shape)
+    return Measure(ids, _logits(found), cut, window, text, path, ref_job, ref.file_bytes), None
 
 
 def measure(model, found, staged, folder, limits, text=None, reference=None):
@@ -208,8 +206,7 @@ def measure(model, found, staged, folder, limits, text=None, reference=None):
     ready, why = prepared(model, found, text, reference)
     if ready is None:
         return {"not_measured": why}
-    ids = _ids_input(model.proto, found.rows)
-    logits = _logits(found)
+    ids, logits = ready.ids, ready.logits
     job = jobs.quality(jobs.scored(jobs.user_model(model.checked), ids, logits, found.rows, found.shape),
                        jobs.scored(jobs.tool_model(staged), ids, logits, found.rows, found.shape),
                        ready.reference_job, ready.windows, folder)

@@ -2,6 +2,7 @@
 from typing import NamedTuple
 
 from runtime.model.findings.headcodes import FLAG
+from runtime.inspect.retie import int8share
 from runtime.inspect.retie.packed import packed_duplicate, packed_in_place, packed_shared
 
 FLOATS = ("float32", "float16", "bfloat16")  # the tables a head reads through the view (float16 / bfloat16: in
@@ -42,6 +43,9 @@ def remedy(pair, lossy=None):
     if relation == "quantized_copy":
         found = pair.head_lookup
         if found is not None and found.possible:
+            if lossy is not None and lossy.kind == SHARED_INT8 and table.width % int8share.BLOCK:
+                return None, (f"a width of {table.width} is not whole blocks of {int8share.BLOCK}: --shared-int8 "
+                              "leaves it as it is")
             if lossy is not None:
                 return lossy.kind, None
             return None, (f"a quantized copy: {FLAG} makes the lookup read the head's codes, --shared-int8 both read "

@@ -69,8 +69,9 @@ def summary(kl, same):
     return float(np.mean(kl)), float(np.percentile(kl, 99)), float(np.mean(same))
 
 
-class _Model:
-    """One model of the job, opened: its session, ids input, logits output and its feeds' plan."""
+class Scored:
+    """One model of a quality job (jobs.scored), opened: its session, ids input, logits output and its feeds' plan;
+    run(window) gives its logits (tests/fixtures/bench_one_table.py opens several side by side)."""
 
     def __init__(self, spec):
         if "checked" in spec:  # the user's model, opened as it was checked
@@ -102,8 +103,8 @@ def measure(job):
     """answers.Quality of a quality job (jobs.quality): every window run through each model, every position after
     a window's first scored against the token that follows it."""
     began = time.monotonic()
-    original, out = _Model(job["original"]), _Model(job["out"])
-    reference = _Model(job["reference"]) if job.get("reference") else None
+    original, out = Scored(job["original"]), Scored(job["out"])
+    reference = Scored(job["reference"]) if job.get("reference") else None
     parts = {"out": [], "reference_original": [], "reference_out": []}
     for window in job["windows"]:
         targets = np.asarray(window[1:])

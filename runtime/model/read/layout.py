@@ -163,3 +163,32 @@ def variant_files(folder, dtype):
         named = f"named *{DTYPES[dtype]}.onnx" if DTYPES[dtype] else "without a dtype suffix"
         raise InspectError(f"--dtype {dtype}: {folder} has no {dtype} variant (no model file {named}); it has {have}")
     return files, f"the files transformers.js opens with dtype '{dtype}', suffix {DTYPES[dtype]!r}"
+
+
+def sidecar_folders(folder):
+    """Where the files beside a model in `folder` are read: its own folder, and for a transformers.js folder's onnx/
+    the root above it (transformersjs_root); no other parent, which the user did not name."""
+    found = transformersjs_root(folder)
+    return [folder] + ([found[0]] if found and found[1] else [])
+
+
+def tokenizer_of(model_path):
+    """The model's tokenizer.json as the tokenizers library makes it (read where sidecar_folders says, by
+    sidecars.read), with no padding or truncation: a text is tokenized whole. None where there is none, or the
+    library is not installed or refuses the file."""
+    try:
+        import tokenizers
+    except ImportError:
+        return None
+    for where in sidecar_folders(os.path.dirname(os.path.abspath(model_path))):
+        raw = sidecars.read(os.path.join(where, "model.onnx"), "tokenizer.json", sidecars.TOKENIZER_MOST)
+        if raw is None:
+            continue
+        try:
+            made = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception:  # noqa: BLE001 - the library's own parse error, whatever its type
+            return None
+        made.no_padding()
+        made.no_truncation()
+        return made
+    return None

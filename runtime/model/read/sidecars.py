@@ -48,31 +48,6 @@ def read(model_path, name, most=MAX_BYTES):
         return f.read(most + 1)[:most]
 
 
-def tokenizer(model_path):
-    """The model's tokenizer.json as the tokenizers library makes it (beside the model, or above a transformers.js
-    folder's onnx/), with no padding or truncation: a text is tokenized whole. None where there is none, or the
-    library is not installed or refuses the file."""
-    try:
-        import tokenizers
-    except ImportError:
-        return None
-    folder = os.path.dirname(os.path.abspath(model_path))
-    places = [model_path] + ([os.path.join(os.path.dirname(folder), "model.onnx")]
-                             if os.path.basename(folder) == "onnx" else [])
-    for place in places:
-        raw = read(place, "tokenizer.json", TOKENIZER_MOST)
-        if raw is None:
-            continue
-        try:
-            made = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
-        except Exception:  # noqa: BLE001 - the library's own parse error, whatever its type
-            return None
-        made.no_padding()
-        made.no_truncation()
-        return made
-    return None
-
-
 def genai_config(model_path):
     """onnxruntime-genai's genai_config.json beside the model as a dict, or None."""
     data = read(model_path, GENAI_CONFIG)
